@@ -1,0 +1,115 @@
+//! Errors of decoding and validating wire messages, and the error body sent back to senders.
+
+use serde::{Deserialize, Serialize};
+
+/// Why a message was refused. None of these is retryable: the same bytes will fail the same way.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum WireError {
+    /// Not JSON, or JSON of the wrong shape.
+    #[error("malformed message at `{path}`: {message}")]
+    Malformed { path: String, message: String },
+    /// Well-formed, but a field's value is not acceptable.
+    #[error("invalid `{field}`: {problem}")]
+    Invalid { field: String, problem: String },
+    #[error("message is {size} bytes; the limit is {limit}")]
+    TooLarge { size: usize, limit: usize },
+    #[error("message has wire version {found}; this build speaks {supported}")]
+    UnsupportedVersion { found: u32, supported: u32 },
+    #[error("could not encode message: {0}")]
+    Encode(String),
+}
+
+impl WireError {
+    pub fn invalid(field: impl Into<String>, problem: impl Into<String>) -> Self {
+        WireError::Invalid {
+            field: field.into(),
+            problem: problem.into(),
+        }
+    }
+
+    /// Whether sending the same message again could succeed.
+    pub fn is_retryable(&self) -> bool {
+        false
+    }
+
+    /// The field the error is about, if one is known.
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            WireError::Malformed { path, .. } if path != "." => Some(path),
+            WireError::Invalid { field, .. } => Some(field),
+            _ => None,
+        }
+    }
+
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            WireError::Malformed { .. } => ErrorCode::Malformed,
+            WireError::Invalid { .. } => ErrorCode::Invalid,
+            WireError::TooLarge { .. } => ErrorCode::TooLarge,
+            WireError::UnsupportedVersion { .. } => ErrorCode::UnsupportedVersion,
+            WireError::Encode(_) => ErrorCode::Internal,
+        }
+    }
+
+    pub fn to_body(&self) -> ErrorBody {
+        ErrorBody::new(
+            self.code(),
+            self.field().map(str::to_owned),
+            self.to_string(),
+        )
+    }
+}
+
+/// Machine-readable class of an error reply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    Malformed,
+    Invalid,
+    TooLarge,
+    UnsupportedVersion,
+    NotFound,
+    Conflict,
+    Unavailable,
+    Internal,
+}
+
+impl ErrorCode {
+    /// The HTTP status that goes with this code.
+    pub fn http_status(self) -> u16 {
+        match self {
+            ErrorCode::Malformed | ErrorCode::Invalid | ErrorCode::UnsupportedVersion => 400,
+            ErrorCode::TooLarge => 413,
+            ErrorCode::NotFound => 404,
+            ErrorCode::Conflict => 409,
+            ErrorCode::Unavailable => 503,
+            ErrorCode::Internal => 500,
+        }
+    }
+}
+
+/// The body of an error reply, on NATS and HTTP alike.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub code: ErrorCode,
+    /// The field the error is about, as a path such as `resources.count`.
+    #[serde(default)]
+    pub field: Option<String>,
+    pub message: String,
+}
+
+impl ErrorBody {
+    pub fn new(code: ErrorCode, field: Option<String>, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            field,
+            message: message.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}: {}", self.code, self.message)
+    }
+}

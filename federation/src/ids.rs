@@ -1,0 +1,115 @@
+//! Identifier newtypes. Every id is also a single NATS subject token, so it is checked on construction:
+//! 1 to 64 characters from `A-Z a-z 0-9 _ -`.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// Longest id accepted, in bytes.
+pub const MAX_ID_LEN: usize = 64;
+
+/// Checks that `s` is a usable id; the error text says what is wrong with it.
+pub fn check_id(s: &str) -> Result<(), String> {
+    if s.is_empty() {
+        return Err("must not be empty".into());
+    }
+    if s.len() > MAX_ID_LEN {
+        return Err(format!(
+            "is {} bytes long; the limit is {MAX_ID_LEN}",
+            s.len()
+        ));
+    }
+    if let Some(c) = s
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || *c == '_' || *c == '-'))
+    {
+        return Err(format!(
+            "contains {c:?}; only letters, digits, '_' and '-' are allowed"
+        ));
+    }
+    Ok(())
+}
+
+macro_rules! id_type {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        #[serde(try_from = "String", into = "String")]
+        pub struct $name(String);
+
+        impl $name {
+            /// Builds the id, or says why `s` is not a valid one.
+            pub fn new(s: impl Into<String>) -> Result<Self, String> {
+                let s = s.into();
+                check_id(&s).map_err(|problem| format!("invalid id {s:?}: {problem}"))?;
+                Ok(Self(s))
+            }
+
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl TryFrom<String> for $name {
+            type Error = String;
+            fn try_from(s: String) -> Result<Self, String> {
+                Self::new(s)
+            }
+        }
+
+        impl From<$name> for String {
+            fn from(id: $name) -> String {
+                id.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl std::str::FromStr for $name {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, String> {
+                Self::new(s)
+            }
+        }
+    };
+}
+
+id_type!(
+    /// A site: one datacenter, edge location or cloud region running one agent.
+    SiteId
+);
+id_type!(
+    /// A job, assigned by the broker.
+    JobId
+);
+id_type!(
+    /// A tenant (team or project) that owns jobs.
+    TenantId
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_subject_safe_ids() {
+        assert!(SiteId::new("dc-virginia_1").is_ok());
+    }
+
+    #[test]
+    fn rejects_dots_wildcards_spaces_and_length() {
+        for bad in ["a.b", "a*", ">", "a b", "", &"x".repeat(65)] {
+            let err = SiteId::new(bad).expect_err(bad);
+            assert!(err.contains("invalid id"), "{err}");
+        }
+    }
+
+    #[test]
+    fn deserialising_checks_the_id() {
+        let err = serde_json::from_str::<SiteId>("\"a.b\"").expect_err("dot");
+        assert!(err.to_string().contains("only letters"), "{err}");
+    }
+}

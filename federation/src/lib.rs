@@ -1,0 +1,22 @@
+//! The wire contract between Meridian's processes, version 1.
+//!
+//! This crate alone knows the JSON shapes of NATS messages and HTTP bodies and the NATS subject names. Every
+//! message carries `v`; [`codec::decode`] checks size, syntax, version and field values before anyone acts on
+//! it, and answers with a [`WireError`] that names the field and the problem.
+//!
+//! Amounts that are summed (money, energy, carbon) are integers: micro-USD, watt-hours, grams CO2e.
+
+pub mod codec;
+pub mod error;
+pub mod ids;
+pub mod messages;
+pub mod subjects;
+pub mod validate;
+
+pub use codec::{decode, encode, MAX_MESSAGE_BYTES};
+pub use error::{ErrorBody, ErrorCode, WireError};
+pub use ids::{JobId, SiteId, TenantId};
+pub use messages::*;
+
+/// The wire version this build speaks.
+pub const WIRE_VERSION: u32 = 1;

@@ -1,0 +1,793 @@
+//! Message types of wire version 1: NATS payloads and HTTP API bodies.
+//!
+//! Each top-level message has a `v` field. Optional fields default so that senders may omit them; fields that
+//! later versions add must be optional too, so that v1 readers keep working.
+
+use crate::ids::{JobId, SiteId, TenantId};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+fn v1() -> u32 {
+    crate::WIRE_VERSION
+}
+
+fn one() -> u32 {
+    1
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Sites and capacity
+
+/// What kind of place a site is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SiteKind {
+    Datacenter,
+    Edge,
+    Cloud,
+}
+
+/// Spill-over order: owned capacity first, then partners, then cloud. The derived order is that order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Tier {
+    Owned,
+    Partner,
+    Cloud,
+}
+
+impl Tier {
+    pub const ALL: [Tier; 3] = [Tier::Owned, Tier::Partner, Tier::Cloud];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::Owned => "owned",
+            Tier::Partner => "partner",
+            Tier::Cloud => "cloud",
+        }
+    }
+}
+
+/// Accelerator class of a pool or a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AcceleratorKind {
+    Gpu,
+    Npu,
+    Dpu,
+    Cpu,
+}
+
+impl AcceleratorKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AcceleratorKind::Gpu => "gpu",
+            AcceleratorKind::Npu => "npu",
+            AcceleratorKind::Dpu => "dpu",
+            AcceleratorKind::Cpu => "cpu",
+        }
+    }
+}
+
+/// How the devices of one node talk to each other.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Interconnect {
+    #[default]
+    Pcie,
+    Nvlink,
+    Infiniband,
+    Roce,
+}
+
+/// A point on the globe, in degrees (WGS84).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GeoPoint {
+    pub lat: f64,
+    pub lon: f64,
+}
+
+/// A dataset held at a site.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Dataset {
+    pub name: String,
+    pub size_bytes: u64,
+}
+
+/// Grid carbon intensity at a site: the value now, and an optional hourly forecast.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Carbon {
+    /// Grid intensity now, gCO2e per kWh.
+    pub g_per_kwh: u32,
+    /// Start of the first forecast hour, milliseconds since the Unix epoch.
+    #[serde(default)]
+    pub forecast_start_ms: u64,
+    /// Hourly forecast values (gCO2e/kWh) from `forecast_start_ms`, at most [`MAX_FORECAST_HOURS`] of them.
+    #[serde(default)]
+    pub forecast: Vec<u32>,
+}
+
+/// Longest carbon forecast a site may advertise, in hours.
+pub const MAX_FORECAST_HOURS: usize = 72;
+
+/// Static facts about a site, sent in every advert.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SiteInfo {
+    pub id: SiteId,
+    pub kind: SiteKind,
+    pub tier: Tier,
+    pub location: GeoPoint,
+    /// Free-form tags such as `eu`, `us-east`.
+    #[serde(default)]
+    pub region_tags: Vec<String>,
+    /// The site's name in the measured round-trip table, when it has one (an Azure region id such as `eastus`).
+    #[serde(default)]
+    pub rtt_region: Option<String>,
+    /// Power usage effectiveness (facility energy / IT energy), at least 1.0.
+    pub pue: f64,
+    pub carbon: Carbon,
+    /// Energy tariff, micro-USD per kWh (informational; accelerator prices already include energy for owned sites).
+    #[serde(default)]
+    pub energy_micro_usd_per_kwh: u64,
+    /// Price of moving data out of this site, micro-USD per GB.
+    #[serde(default)]
+    pub egress_micro_usd_per_gb: u64,
+    #[serde(default)]
+    pub datasets: Vec<Dataset>,
+}
+
+/// Fractional use a pool allows.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Sharing {
+    /// Whether a device may be split into milli-shares (1/1000 of a device).
+    #[serde(default)]
+    pub milli: bool,
+    /// MIG-style profiles the devices can be partitioned into, e.g. `1g.10gb`.
+    #[serde(default)]
+    pub mig_profiles: Vec<String>,
+}
+
+/// One device of a pool, as the agent sees it now.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceState {
+    pub index: u32,
+    pub healthy: bool,
+    /// Milli-units of this device in use (0..=1000).
+    pub used_milli: u32,
+}
+
+/// One pool of identical accelerators at a site.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PoolAdvert {
+    /// Pool name, unique within the site.
+    pub name: String,
+    pub kind: AcceleratorKind,
+    pub vendor: String,
+    pub model: String,
+    /// Memory per device, MiB.
+    pub memory_mib: u64,
+    pub count: u32,
+    #[serde(default = "one")]
+    pub devices_per_node: u32,
+    #[serde(default)]
+    pub interconnect: Interconnect,
+    /// Rated power per device, watts.
+    pub power_watts: u32,
+    /// Measured power per device, watts, where a probe reports it.
+    #[serde(default)]
+    pub measured_power_watts: Option<u32>,
+    #[serde(default)]
+    pub sharing: Sharing,
+    /// Price of one device for one hour, micro-USD (on-demand for cloud; internal rate for owned).
+    pub price_micro_usd_per_hour: u64,
+    #[serde(default)]
+    pub spot_price_micro_usd_per_hour: Option<u64>,
+    /// Per-device state; its length equals `count`.
+    pub devices: Vec<DeviceState>,
+}
+
+impl PoolAdvert {
+    /// Milli-units free on healthy devices.
+    pub fn free_milli(&self) -> u64 {
+        self.devices
+            .iter()
+            .filter(|d| d.healthy)
+            .map(|d| u64::from(1000u32.saturating_sub(d.used_milli)))
+            .sum()
+    }
+}
+
+/// A site's capacity advert: inventory plus free capacity, sent at start, on change and periodically.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SiteAdvert {
+    #[serde(default = "v1")]
+    pub v: u32,
+    pub site: SiteInfo,
+    pub pools: Vec<PoolAdvert>,
+    /// Increases with every change of inventory or free capacity.
+    pub generation: u64,
+    /// The site takes no new work (its running work finishes).
+    #[serde(default)]
+    pub draining: bool,
+    pub sent_at_ms: u64,
+}
+
+/// A job attempt: the pair that agents use to recognise repeated offers.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct AttemptRef {
+    pub job: JobId,
+    pub attempt: u32,
+}
+
+/// Liveness signal from a site, with the attempts it is running.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Heartbeat {
+    #[serde(default = "v1")]
+    pub v: u32,
+    pub site: SiteId,
+    pub seq: u64,
+    pub sent_at_ms: u64,
+    /// Generation of the site's latest advert.
+    pub generation: u64,
+    #[serde(default)]
+    pub running: Vec<AttemptRef>,
+}
+
+/// Broker → agents: "send me your advert now" (after a broker restart).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BrokerHello {
+    #[serde(default = "v1")]
+    pub v: u32,
+    pub sent_at_ms: u64,
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Jobs
+
+/// What a job is for; inference jobs are services that run until cancelled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum JobKind {
+    Training,
+    FineTune,
+    Batch,
+    Inference,
+}
+
+impl JobKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobKind::Training => "training",
+            JobKind::FineTune => "fine-tune",
+            JobKind::Batch => "batch",
+            JobKind::Inference => "inference",
+        }
+    }
+}
+
+/// Accelerators one replica needs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Resources {
+    pub kind: AcceleratorKind,
+    /// Allowed device models (case-insensitive); empty means any.
+    #[serde(default)]
+    pub models: Vec<String>,
+    /// Whole devices per replica (0 when `milli` is set).
+    #[serde(default)]
+    pub count: u32,
+    /// A share of one device in milli-units (1..=999), instead of whole devices.
+    #[serde(default)]
+    pub milli: Option<u32>,
+    /// Minimum memory per device, MiB.
+    #[serde(default)]
+    pub memory_mib: Option<u64>,
+}
+
+impl Resources {
+    /// Demand in milli-devices for one replica.
+    pub fn milli_per_replica(&self) -> u64 {
+        match self.milli {
+            Some(m) => u64::from(m),
+            None => u64::from(self.count) * 1000,
+        }
+    }
+}
+
+/// Whether a dataset must be at the site or is only preferred there.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Locality {
+    Must,
+    #[default]
+    Prefer,
+}
+
+/// A dataset a job reads.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DatasetNeed {
+    pub name: String,
+    pub size_bytes: u64,
+    #[serde(default)]
+    pub locality: Locality,
+}
+
+/// A population of users the job serves, for latency.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct UserLocation {
+    #[serde(default)]
+    pub name: Option<String>,
+    pub location: GeoPoint,
+    /// Relative share of the job's users here (> 0).
+    #[serde(default = "unit_weight")]
+    pub weight: f64,
+    /// The nearest region of the measured round-trip table, where known.
+    #[serde(default)]
+    pub rtt_region: Option<String>,
+}
+
+fn unit_weight() -> f64 {
+    1.0
+}
+
+/// Hard constraints on where a job may run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Constraints {
+    /// Name of a residency region (a GeoJSON polygon known to the broker, e.g. `eu`).
+    #[serde(default)]
+    pub residency: Option<String>,
+    /// Allowed tiers; empty means all.
+    #[serde(default)]
+    pub tiers: Vec<Tier>,
+    /// Allowed sites; empty means all.
+    #[serde(default)]
+    pub sites: Vec<SiteId>,
+    /// Highest acceptable price per device-hour, micro-USD.
+    #[serde(default)]
+    pub price_cap_micro_usd_per_hour: Option<u64>,
+}
+
+/// Relative weights of the placement terms. Each term is normalised against the best candidate (see the
+/// broker's placement module), so weights compare like with like.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Weights {
+    #[serde(default)]
+    pub cost: f64,
+    #[serde(default)]
+    pub energy: f64,
+    #[serde(default)]
+    pub carbon: f64,
+    #[serde(default)]
+    pub latency: f64,
+    #[serde(default)]
+    pub data: f64,
+}
+
+/// A named placement policy or explicit weights.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Policy {
+    Latency,
+    Cost,
+    Green,
+    Balanced,
+    Weights(Weights),
+}
+
+impl Policy {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Policy::Latency => "latency",
+            Policy::Cost => "cost",
+            Policy::Green => "green",
+            Policy::Balanced => "balanced",
+            Policy::Weights(_) => "weights",
+        }
+    }
+}
+
+/// What to run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunSpec {
+    /// A shell command line, run with `sh -c`.
+    pub command: String,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Preferred execution adapter at the site (`local` when absent).
+    #[serde(default)]
+    pub adapter: Option<String>,
+    /// Container image, for adapters that use one.
+    #[serde(default)]
+    pub image: Option<String>,
+}
+
+/// A job submission.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobSpec {
+    #[serde(default = "v1")]
+    pub v: u32,
+    pub tenant: TenantId,
+    /// Chosen by the client: a resubmission with the same key returns the first job.
+    pub idempotency_key: String,
+    #[serde(default)]
+    pub name: Option<String>,
+    pub kind: JobKind,
+    #[serde(default)]
+    pub queue: Option<String>,
+    #[serde(default)]
+    pub priority: Option<String>,
+    pub resources: Resources,
+    /// Replicas, all placed on one site (a gang).
+    #[serde(default = "one")]
+    pub replicas: u32,
+    /// Expected run time, seconds (used for cost, energy and carbon estimates).
+    #[serde(default)]
+    pub duration_s: Option<u64>,
+    /// How long the job may wait for owned or partner capacity before it bursts to the cloud tier (0 = at once).
+    #[serde(default)]
+    pub max_wait_s: u64,
+    /// The job can write checkpoints and resume from them.
+    #[serde(default)]
+    pub checkpointable: bool,
+    #[serde(default)]
+    pub constraints: Constraints,
+    #[serde(default)]
+    pub users: Vec<UserLocation>,
+    #[serde(default)]
+    pub datasets: Vec<DatasetNeed>,
+    #[serde(default)]
+    pub policy: Option<Policy>,
+    pub run: RunSpec,
+}
+
+impl JobSpec {
+    /// Total demand in milli-devices over all replicas.
+    pub fn total_milli(&self) -> u64 {
+        self.resources.milli_per_replica() * u64::from(self.replicas)
+    }
+}
+
+/// One device, or a share of it, assigned to a job.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceShare {
+    pub index: u32,
+    pub milli: u32,
+}
+
+/// Broker → agent: run this attempt of a job on these devices. Answered with an [`OfferReply`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Offer {
+    #[serde(default = "v1")]
+    pub v: u32,
+    pub job: JobId,
+    pub attempt: u32,
+    pub site: SiteId,
+    pub pool: String,
+    pub devices: Vec<DeviceShare>,
+    pub spec: JobSpec,
+    /// Latest checkpoint URI of an earlier attempt, given to the job as `MERIDIAN_RESUME_FROM`.
+    #[serde(default)]
+    pub resume_from: Option<String>,
+}
+
+/// The agent's answer to an offer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "outcome")]
+pub enum OfferOutcome {
+    Accepted,
+    Rejected { reason: String },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OfferReply {
+    #[serde(default = "v1")]
+    pub v: u32,
+    pub job: JobId,
+    pub attempt: u32,
+    #[serde(flatten)]
+    pub outcome: OfferOutcome,
+}
+
+/// Broker → agent: stop this attempt (its whole process group).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CancelAttempt {
+    #[serde(default = "v1")]
+    pub v: u32,
+    pub job: JobId,
+    pub attempt: u32,
+    pub reason: String,
+}
+
+/// Where an attempt stands, as its agent reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "state")]
+pub enum AttemptState {
+    Running,
+    Succeeded {
+        exit_code: i32,
+    },
+    /// The job's own command failed.
+    Failed {
+        exit_code: Option<i32>,
+        reason: String,
+    },
+    Cancelled {
+        reason: String,
+    },
+    /// The site stopped the attempt for a reason of its own (agent restart, device lost); the broker requeues.
+    Interrupted {
+        reason: String,
+    },
+}
+
+impl AttemptState {
+    pub fn is_terminal(&self) -> bool {
+        !matches!(self, AttemptState::Running)
+    }
+}
+
+/// Agent → broker: an attempt's state changed. Sent as a request; the broker answers with a [`StatusAck`], and
+/// the agent repeats the update until it is acknowledged.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobStatus {
+    #[serde(default = "v1")]
+    pub v: u32,
+    pub job: JobId,
+    pub attempt: u32,
+    pub site: SiteId,
+    #[serde(flatten)]
+    pub state: AttemptState,
+    pub at_ms: u64,
+    #[serde(default)]
+    pub started_at_ms: Option<u64>,
+    /// Wall-clock run time of the attempt so far, milliseconds.
+    #[serde(default)]
+    pub runtime_ms: Option<u64>,
+    /// Latest checkpoint URI the job wrote.
+    #[serde(default)]
+    pub checkpoint: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusAck {
+    #[serde(default = "v1")]
+    pub v: u32,
+    pub job: JobId,
+    pub attempt: u32,
+}
+
+/// Broker → agent: the last lines of an attempt's output.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogsRequest {
+    #[serde(default = "v1")]
+    pub v: u32,
+    pub job: JobId,
+    pub attempt: u32,
+    #[serde(default = "default_log_lines")]
+    pub lines: u32,
+}
+
+fn default_log_lines() -> u32 {
+    50
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogsReply {
+    #[serde(default = "v1")]
+    pub v: u32,
+    pub job: JobId,
+    pub attempt: u32,
+    pub site: SiteId,
+    pub text: String,
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The API (NATS request-reply and HTTP share these bodies)
+
+/// A request naming one job.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobRef {
+    #[serde(default = "v1")]
+    pub v: u32,
+    pub job: JobId,
+}
+
+/// Drain a site (no new work; running work finishes), or undrain it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainRequest {
+    #[serde(default = "v1")]
+    pub v: u32,
+    pub site: SiteId,
+    #[serde(default = "yes")]
+    pub drain: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// An empty request (list calls).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Empty {
+    #[serde(default = "v1")]
+    pub v: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubmitReply {
+    pub job: JobId,
+    /// False when the idempotency key matched an earlier submission.
+    pub created: bool,
+}
+
+/// Where a job stands, as the broker sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobPhase {
+    Pending,
+    Offered,
+    Running,
+    Cancelling,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl JobPhase {
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            JobPhase::Succeeded | JobPhase::Failed | JobPhase::Cancelled
+        )
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobPhase::Pending => "pending",
+            JobPhase::Offered => "offered",
+            JobPhase::Running => "running",
+            JobPhase::Cancelling => "cancelling",
+            JobPhase::Succeeded => "succeeded",
+            JobPhase::Failed => "failed",
+            JobPhase::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// Amounts a placement expects or a run metered. Integers so that sums are exact.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Amounts {
+    pub cost_micro_usd: u64,
+    pub energy_wh: u64,
+    pub co2_g: u64,
+}
+
+/// One job as the API shows it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobView {
+    pub job: JobId,
+    pub tenant: TenantId,
+    pub name: Option<String>,
+    pub kind: JobKind,
+    pub phase: JobPhase,
+    pub attempt: u32,
+    pub site: Option<SiteId>,
+    pub pool: Option<String>,
+    /// Why the job is where it is: why it waits, or why its site was chosen.
+    pub why: String,
+    pub submitted_at_ms: u64,
+    pub started_at_ms: Option<u64>,
+    pub finished_at_ms: Option<u64>,
+    pub exit_code: Option<i32>,
+    /// Expected amounts for the whole expected duration at the chosen site.
+    pub estimate: Option<Amounts>,
+    /// Mean round trip from the job's users to its site, milliseconds (estimate).
+    pub user_rtt_ms: Option<f64>,
+    /// Amounts metered from the finished attempts' run time.
+    pub metered: Amounts,
+    pub runtime_ms: u64,
+    pub checkpoint: Option<String>,
+}
+
+/// One site as the API shows it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SiteView {
+    pub site: SiteId,
+    pub kind: SiteKind,
+    pub tier: Tier,
+    pub up: bool,
+    pub draining: bool,
+    pub location: GeoPoint,
+    pub pue: f64,
+    pub carbon_g_per_kwh: u32,
+    pub pools: Vec<PoolView>,
+    pub last_seen_ms: u64,
+    pub generation: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PoolView {
+    pub name: String,
+    pub kind: AcceleratorKind,
+    pub model: String,
+    pub count: u32,
+    /// Milli-devices free for new work, as the broker counts them.
+    pub free_milli: u64,
+    pub price_micro_usd_per_hour: u64,
+}
+
+/// Score terms of one candidate (site and pool) in a decision.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TermsView {
+    pub cost_micro_usd: u64,
+    pub energy_wh: u64,
+    pub co2_g: u64,
+    pub latency_ms: f64,
+    pub data_bytes_moved: u64,
+    /// Weighted, normalised score; lower is better, 0 is best on every term.
+    pub score: f64,
+}
+
+/// A candidate in an explanation: scored, or rejected with a reason.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CandidateView {
+    pub site: SiteId,
+    pub tier: Tier,
+    pub pool: Option<String>,
+    pub terms: Option<TermsView>,
+    pub rejected: Option<String>,
+    pub chosen: bool,
+}
+
+/// Why a job is placed where it is, or why it waits.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ExplainView {
+    pub job: JobId,
+    pub phase: JobPhase,
+    pub why: String,
+    pub policy: String,
+    pub decided_at_ms: Option<u64>,
+    pub candidates: Vec<CandidateView>,
+    /// Notable events of the job, oldest first.
+    pub history: Vec<String>,
+}
+
+/// A reply of the NATS request-reply API: exactly one of `ok` and `error` is present.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ApiReply<T> {
+    #[serde(default = "v1")]
+    pub v: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ok: Option<T>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<crate::ErrorBody>,
+}
+
+impl<T> ApiReply<T> {
+    pub fn ok(value: T) -> Self {
+        Self {
+            v: crate::WIRE_VERSION,
+            ok: Some(value),
+            error: None,
+        }
+    }
+
+    pub fn err(error: crate::ErrorBody) -> Self {
+        Self {
+            v: crate::WIRE_VERSION,
+            ok: None,
+            error: Some(error),
+        }
+    }
+
+    pub fn into_result(self) -> Result<T, crate::ErrorBody> {
+        match (self.ok, self.error) {
+            (_, Some(e)) => Err(e),
+            (Some(v), None) => Ok(v),
+            (None, None) => Err(crate::ErrorBody::new(
+                crate::ErrorCode::Malformed,
+                None,
+                "reply has neither `ok` nor `error`",
+            )),
+        }
+    }
+}

@@ -1,0 +1,120 @@
+//! Every NATS subject Meridian uses. Site subjects carry the site id as their fourth token
+//! (`meridian.v1.site.<id>.<what>`), so a per-site account can be confined to `meridian.v1.site.<id>.>`.
+//!
+//! Trace context travels in NATS message headers named [`TRACEPARENT_HEADER`] and [`TRACESTATE_HEADER`]
+//! (W3C Trace Context), never in the JSON bodies.
+
+use crate::ids::SiteId;
+
+pub const PREFIX: &str = "meridian.v1";
+pub const TRACEPARENT_HEADER: &str = "traceparent";
+pub const TRACESTATE_HEADER: &str = "tracestate";
+
+/// What a site subject carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SiteTopic {
+    /// Agent → broker: [`crate::SiteAdvert`].
+    Advert,
+    /// Agent → broker: [`crate::Heartbeat`].
+    Heartbeat,
+    /// Agent → broker, request: [`crate::JobStatus`], answered with [`crate::StatusAck`].
+    Status,
+    /// Broker → agent, request: [`crate::Offer`], answered with [`crate::OfferReply`].
+    Offer,
+    /// Broker → agent: [`crate::CancelAttempt`].
+    Cancel,
+    /// Broker → agent, request: [`crate::LogsRequest`], answered with [`crate::LogsReply`].
+    Logs,
+}
+
+impl SiteTopic {
+    pub const ALL: [SiteTopic; 6] = [
+        SiteTopic::Advert,
+        SiteTopic::Heartbeat,
+        SiteTopic::Status,
+        SiteTopic::Offer,
+        SiteTopic::Cancel,
+        SiteTopic::Logs,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SiteTopic::Advert => "advert",
+            SiteTopic::Heartbeat => "heartbeat",
+            SiteTopic::Status => "status",
+            SiteTopic::Offer => "offer",
+            SiteTopic::Cancel => "cancel",
+            SiteTopic::Logs => "logs",
+        }
+    }
+}
+
+/// The subject of `topic` for one site.
+pub fn site(site: &SiteId, topic: SiteTopic) -> String {
+    format!("{PREFIX}.site.{site}.{}", topic.as_str())
+}
+
+/// The wildcard subject of `topic` over all sites (for the broker's subscriptions).
+pub fn all_sites(topic: SiteTopic) -> String {
+    format!("{PREFIX}.site.*.{}", topic.as_str())
+}
+
+/// Splits a site subject into its site id and topic.
+pub fn parse_site(subject: &str) -> Option<(SiteId, SiteTopic)> {
+    let rest = subject.strip_prefix(PREFIX)?.strip_prefix(".site.")?;
+    let (id, topic) = rest.split_once('.')?;
+    let topic = SiteTopic::ALL.into_iter().find(|t| t.as_str() == topic)?;
+    Some((SiteId::new(id).ok()?, topic))
+}
+
+/// Broker → all agents: [`crate::BrokerHello`]; agents answer by sending their advert.
+pub const BROKER_HELLO: &str = "meridian.v1.broker.hello";
+
+/// The request-reply API for programs. Each request body is shown; each reply is an [`crate::ApiReply`].
+pub mod api {
+    /// [`crate::JobSpec`] → [`crate::SubmitReply`].
+    pub const SUBMIT: &str = "meridian.v1.api.jobs.submit";
+    /// [`crate::Empty`] → `Vec<`[`crate::JobView`]`>`.
+    pub const LIST_JOBS: &str = "meridian.v1.api.jobs.list";
+    /// [`crate::JobRef`] → [`crate::JobView`].
+    pub const GET_JOB: &str = "meridian.v1.api.jobs.get";
+    /// [`crate::JobRef`] → [`crate::ExplainView`].
+    pub const EXPLAIN: &str = "meridian.v1.api.jobs.explain";
+    /// [`crate::JobRef`] → [`crate::JobView`].
+    pub const CANCEL: &str = "meridian.v1.api.jobs.cancel";
+    /// [`crate::JobRef`] → [`crate::LogsReply`].
+    pub const LOGS: &str = "meridian.v1.api.jobs.logs";
+    /// [`crate::Empty`] → `Vec<`[`crate::SiteView`]`>`.
+    pub const LIST_SITES: &str = "meridian.v1.api.sites.list";
+    /// [`crate::DrainRequest`] → [`crate::SiteView`].
+    pub const DRAIN: &str = "meridian.v1.api.sites.drain";
+    /// All API subjects, for the broker's subscription.
+    pub const ALL: &str = "meridian.v1.api.>";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn site_subjects_round_trip() {
+        let id = SiteId::new("edge-fra").expect("valid id");
+        for t in SiteTopic::ALL {
+            let s = site(&id, t);
+            assert!(s.starts_with("meridian.v1.site.edge-fra."));
+            assert_eq!(parse_site(&s), Some((id.clone(), t)));
+        }
+    }
+
+    #[test]
+    fn foreign_subjects_do_not_parse() {
+        assert_eq!(parse_site("meridian.v1.site.a.unknown"), None);
+        assert_eq!(parse_site("other.v1.site.a.advert"), None);
+        assert_eq!(parse_site("meridian.v1.site.a"), None);
+    }
+
+    #[test]
+    fn wildcards_cover_site_subjects() {
+        assert_eq!(all_sites(SiteTopic::Advert), "meridian.v1.site.*.advert");
+    }
+}

@@ -1,0 +1,408 @@
+//! Field checks applied to every decoded message. Each failure names the field (as a path) and the problem.
+
+use crate::error::WireError;
+use crate::ids::check_id;
+use crate::messages::*;
+use std::collections::BTreeSet;
+
+/// A message that can check its own field values.
+pub trait Validate {
+    /// The message's wire version.
+    fn version(&self) -> u32;
+    /// Checks field values; the first problem found is returned.
+    fn validate(&self) -> Result<(), WireError>;
+}
+
+/// Most devices one pool may list.
+pub const MAX_DEVICES_PER_POOL: u32 = 4096;
+/// Most pools per site.
+pub const MAX_POOLS: usize = 64;
+/// Most datasets per site or job.
+pub const MAX_DATASETS: usize = 1024;
+/// Most user locations per job.
+pub const MAX_USERS: usize = 1000;
+/// Highest price per device-hour accepted, micro-USD (1,000 USD).
+pub const MAX_PRICE_MICRO_USD: u64 = 1_000_000_000;
+/// Longest command line accepted, bytes.
+pub const MAX_COMMAND_BYTES: usize = 64 * 1024;
+/// Longest expected duration, seconds (one year).
+pub const MAX_DURATION_S: u64 = 366 * 24 * 3600;
+
+type R = Result<(), WireError>;
+
+fn bad(field: impl Into<String>, problem: impl Into<String>) -> R {
+    Err(WireError::invalid(field, problem))
+}
+
+fn range_f64(field: &str, v: f64, lo: f64, hi: f64) -> R {
+    if !v.is_finite() || v < lo || v > hi {
+        return bad(field, format!("{v} is outside {lo}..={hi}"));
+    }
+    Ok(())
+}
+
+fn range_u64(field: &str, v: u64, lo: u64, hi: u64) -> R {
+    if v < lo || v > hi {
+        return bad(field, format!("{v} is outside {lo}..={hi}"));
+    }
+    Ok(())
+}
+
+fn name(field: &str, s: &str, max: usize) -> R {
+    if s.is_empty() {
+        return bad(field, "must not be empty");
+    }
+    if s.len() > max {
+        return bad(
+            field,
+            format!("is {} bytes long; the limit is {max}", s.len()),
+        );
+    }
+    if s.chars().any(|c| c.is_control()) {
+        return bad(field, "contains control characters");
+    }
+    Ok(())
+}
+
+fn token(field: &str, s: &str) -> R {
+    check_id(s).map_err(|p| WireError::invalid(field, p))
+}
+
+fn count_limit(field: &str, len: usize, max: usize) -> R {
+    if len > max {
+        return bad(field, format!("has {len} entries; the limit is {max}"));
+    }
+    Ok(())
+}
+
+fn location(field: &str, p: &GeoPoint) -> R {
+    range_f64(&format!("{field}.lat"), p.lat, -90.0, 90.0)?;
+    range_f64(&format!("{field}.lon"), p.lon, -180.0, 180.0)
+}
+
+fn price(field: &str, v: u64) -> R {
+    range_u64(field, v, 0, MAX_PRICE_MICRO_USD)
+}
+
+macro_rules! versioned {
+    ($t:ty) => {
+        fn version(&self) -> u32 {
+            self.v
+        }
+    };
+}
+
+impl Validate for SiteInfo {
+    fn version(&self) -> u32 {
+        crate::WIRE_VERSION
+    }
+
+    fn validate(&self) -> R {
+        location("site.location", &self.location)?;
+        range_f64("site.pue", self.pue, 1.0, 5.0)?;
+        range_u64(
+            "site.carbon.g_per_kwh",
+            self.carbon.g_per_kwh.into(),
+            0,
+            3000,
+        )?;
+        count_limit(
+            "site.carbon.forecast",
+            self.carbon.forecast.len(),
+            MAX_FORECAST_HOURS,
+        )?;
+        for (i, g) in self.carbon.forecast.iter().enumerate() {
+            range_u64(&format!("site.carbon.forecast[{i}]"), (*g).into(), 0, 3000)?;
+        }
+        count_limit("site.region_tags", self.region_tags.len(), 64)?;
+        for (i, t) in self.region_tags.iter().enumerate() {
+            name(&format!("site.region_tags[{i}]"), t, 64)?;
+        }
+        if let Some(r) = &self.rtt_region {
+            name("site.rtt_region", r, 64)?;
+        }
+        range_u64(
+            "site.energy_micro_usd_per_kwh",
+            self.energy_micro_usd_per_kwh,
+            0,
+            MAX_PRICE_MICRO_USD,
+        )?;
+        price("site.egress_micro_usd_per_gb", self.egress_micro_usd_per_gb)?;
+        count_limit("site.datasets", self.datasets.len(), MAX_DATASETS)?;
+        for (i, d) in self.datasets.iter().enumerate() {
+            name(&format!("site.datasets[{i}].name"), &d.name, 128)?;
+        }
+        Ok(())
+    }
+}
+
+impl Validate for SiteAdvert {
+    versioned!(SiteAdvert);
+
+    fn validate(&self) -> R {
+        self.site.validate()?;
+        if self.pools.is_empty() {
+            return bad("pools", "a site must advertise at least one pool");
+        }
+        count_limit("pools", self.pools.len(), MAX_POOLS)?;
+        let mut names = BTreeSet::new();
+        for (i, p) in self.pools.iter().enumerate() {
+            let f = |s: &str| format!("pools[{i}].{s}");
+            token(&f("name"), &p.name)?;
+            if !names.insert(p.name.as_str()) {
+                return bad(f("name"), format!("pool name {:?} is used twice", p.name));
+            }
+            name(&f("vendor"), &p.vendor, 64)?;
+            name(&f("model"), &p.model, 64)?;
+            range_u64(&f("count"), p.count.into(), 1, MAX_DEVICES_PER_POOL.into())?;
+            range_u64(&f("devices_per_node"), p.devices_per_node.into(), 1, 1024)?;
+            range_u64(&f("memory_mib"), p.memory_mib, 0, 16 * 1024 * 1024)?;
+            range_u64(&f("power_watts"), p.power_watts.into(), 0, 10_000)?;
+            price(&f("price_micro_usd_per_hour"), p.price_micro_usd_per_hour)?;
+            if let Some(s) = p.spot_price_micro_usd_per_hour {
+                price(&f("spot_price_micro_usd_per_hour"), s)?;
+            }
+            if p.devices.len() != p.count as usize {
+                return bad(
+                    f("devices"),
+                    format!("lists {} devices but count is {}", p.devices.len(), p.count),
+                );
+            }
+            let mut seen = BTreeSet::new();
+            for (j, d) in p.devices.iter().enumerate() {
+                if d.index >= p.count || !seen.insert(d.index) {
+                    return bad(
+                        format!("pools[{i}].devices[{j}].index"),
+                        format!("{} is out of range or repeated", d.index),
+                    );
+                }
+                range_u64(
+                    &format!("pools[{i}].devices[{j}].used_milli"),
+                    d.used_milli.into(),
+                    0,
+                    1000,
+                )?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Validate for Heartbeat {
+    versioned!(Heartbeat);
+
+    fn validate(&self) -> R {
+        count_limit("running", self.running.len(), 100_000)
+    }
+}
+
+impl Validate for BrokerHello {
+    versioned!(BrokerHello);
+
+    fn validate(&self) -> R {
+        Ok(())
+    }
+}
+
+impl Validate for JobSpec {
+    versioned!(JobSpec);
+
+    fn validate(&self) -> R {
+        name("idempotency_key", &self.idempotency_key, 128)?;
+        if self.idempotency_key.chars().any(char::is_whitespace) {
+            return bad("idempotency_key", "must not contain whitespace");
+        }
+        if let Some(n) = &self.name {
+            name("name", n, 128)?;
+        }
+        if let Some(q) = &self.queue {
+            token("queue", q)?;
+        }
+        if let Some(p) = &self.priority {
+            token("priority", p)?;
+        }
+        let r = &self.resources;
+        match r.milli {
+            Some(m) => {
+                range_u64("resources.milli", m.into(), 1, 999)?;
+                if r.count > 1 {
+                    return bad(
+                        "resources.count",
+                        "a milli-share asks for part of one device; count must be 0 or 1",
+                    );
+                }
+            }
+            None => range_u64("resources.count", r.count.into(), 1, 4096)?,
+        }
+        count_limit("resources.models", r.models.len(), 64)?;
+        for (i, m) in r.models.iter().enumerate() {
+            name(&format!("resources.models[{i}]"), m, 64)?;
+        }
+        range_u64("replicas", self.replicas.into(), 1, 1024)?;
+        if let Some(d) = self.duration_s {
+            range_u64("duration_s", d, 1, MAX_DURATION_S)?;
+        }
+        range_u64("max_wait_s", self.max_wait_s, 0, 30 * 24 * 3600)?;
+        let c = &self.constraints;
+        if let Some(res) = &c.residency {
+            token("constraints.residency", res)?;
+        }
+        if let Some(cap) = c.price_cap_micro_usd_per_hour {
+            price("constraints.price_cap_micro_usd_per_hour", cap)?;
+        }
+        count_limit("constraints.sites", c.sites.len(), 10_000)?;
+        count_limit("users", self.users.len(), MAX_USERS)?;
+        for (i, u) in self.users.iter().enumerate() {
+            location(&format!("users[{i}].location"), &u.location)?;
+            range_f64(&format!("users[{i}].weight"), u.weight, 1e-9, 1e9)?;
+        }
+        count_limit("datasets", self.datasets.len(), 64)?;
+        for (i, d) in self.datasets.iter().enumerate() {
+            name(&format!("datasets[{i}].name"), &d.name, 128)?;
+        }
+        if let Some(Policy::Weights(w)) = &self.policy {
+            let all = [
+                ("cost", w.cost),
+                ("energy", w.energy),
+                ("carbon", w.carbon),
+                ("latency", w.latency),
+                ("data", w.data),
+            ];
+            for (n, x) in all {
+                range_f64(&format!("policy.weights.{n}"), x, 0.0, 1e6)?;
+            }
+            if all.iter().all(|(_, x)| *x == 0.0) {
+                return bad("policy.weights", "at least one weight must be above 0");
+            }
+        }
+        if self.run.command.trim().is_empty() {
+            return bad("run.command", "must not be empty");
+        }
+        if self.run.command.len() > MAX_COMMAND_BYTES {
+            return bad(
+                "run.command",
+                format!("is longer than {MAX_COMMAND_BYTES} bytes"),
+            );
+        }
+        count_limit("run.env", self.run.env.len(), 256)?;
+        for k in self.run.env.keys() {
+            let ok = !k.is_empty()
+                && k.len() <= 128
+                && !k.starts_with(|c: char| c.is_ascii_digit())
+                && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !ok {
+                return bad(format!("run.env.{k}"), "is not a valid variable name");
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Validate for Offer {
+    versioned!(Offer);
+
+    fn validate(&self) -> R {
+        token("pool", &self.pool)?;
+        if self.devices.is_empty() {
+            return bad("devices", "an offer assigns at least one device");
+        }
+        for (i, d) in self.devices.iter().enumerate() {
+            range_u64(&format!("devices[{i}].milli"), d.milli.into(), 1, 1000)?;
+        }
+        self.spec.validate().map_err(|e| match e {
+            WireError::Invalid { field, problem } => {
+                WireError::invalid(format!("spec.{field}"), problem)
+            }
+            other => other,
+        })
+    }
+}
+
+impl Validate for OfferReply {
+    versioned!(OfferReply);
+
+    fn validate(&self) -> R {
+        if let OfferOutcome::Rejected { reason } = &self.outcome {
+            name("reason", reason, 4096)?;
+        }
+        Ok(())
+    }
+}
+
+impl Validate for CancelAttempt {
+    versioned!(CancelAttempt);
+
+    fn validate(&self) -> R {
+        Ok(())
+    }
+}
+
+impl Validate for JobStatus {
+    versioned!(JobStatus);
+
+    fn validate(&self) -> R {
+        if let Some(c) = &self.checkpoint {
+            name("checkpoint", c, 4096)?;
+        }
+        Ok(())
+    }
+}
+
+impl Validate for StatusAck {
+    versioned!(StatusAck);
+
+    fn validate(&self) -> R {
+        Ok(())
+    }
+}
+
+impl Validate for LogsRequest {
+    versioned!(LogsRequest);
+
+    fn validate(&self) -> R {
+        range_u64("lines", self.lines.into(), 1, 10_000)
+    }
+}
+
+impl Validate for LogsReply {
+    versioned!(LogsReply);
+
+    fn validate(&self) -> R {
+        Ok(())
+    }
+}
+
+impl Validate for JobRef {
+    versioned!(JobRef);
+
+    fn validate(&self) -> R {
+        Ok(())
+    }
+}
+
+impl Validate for DrainRequest {
+    versioned!(DrainRequest);
+
+    fn validate(&self) -> R {
+        Ok(())
+    }
+}
+
+impl Validate for Empty {
+    versioned!(Empty);
+
+    fn validate(&self) -> R {
+        Ok(())
+    }
+}
+
+impl<T> Validate for ApiReply<T> {
+    versioned!(ApiReply);
+
+    fn validate(&self) -> R {
+        if self.ok.is_some() == self.error.is_some() {
+            return bad("ok", "exactly one of `ok` and `error` must be present");
+        }
+        Ok(())
+    }
+}

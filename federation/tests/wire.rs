@@ -1,0 +1,346 @@
+//! Round trips of every message type and rejection of each kind of bad input.
+
+use meridian_federation::*;
+use serde_json::{json, Value};
+
+fn job_json() -> Value {
+    json!({
+        "v": 1,
+        "tenant": "team-a",
+        "idempotency_key": "k-1",
+        "kind": "training",
+        "resources": {"kind": "gpu", "count": 2, "models": ["A100"]},
+        "duration_s": 3600,
+        "users": [{"location": {"lat": 50.1, "lon": 8.7}, "weight": 2.0}],
+        "datasets": [{"name": "imagenet", "size_bytes": 1000, "locality": "prefer"}],
+        "policy": "green",
+        "run": {"command": "echo hi"}
+    })
+}
+
+fn advert_json() -> Value {
+    json!({
+        "v": 1,
+        "site": {
+            "id": "dc-a", "kind": "datacenter", "tier": "owned",
+            "location": {"lat": 39.0, "lon": -77.5}, "pue": 1.3,
+            "carbon": {"g_per_kwh": 363, "forecast_start_ms": 0, "forecast": [300, 310]},
+            "egress_micro_usd_per_gb": 90000,
+            "datasets": [{"name": "imagenet", "size_bytes": 150000000000u64}]
+        },
+        "pools": [{
+            "name": "a100", "kind": "gpu", "vendor": "nvidia", "model": "A100", "memory_mib": 81920,
+            "count": 2, "power_watts": 400, "price_micro_usd_per_hour": 1290000,
+            "devices": [{"index": 0, "healthy": true, "used_milli": 0},
+                        {"index": 1, "healthy": true, "used_milli": 500}]
+        }],
+        "generation": 7,
+        "sent_at_ms": 1
+    })
+}
+
+fn bytes(v: &Value) -> Vec<u8> {
+    serde_json::to_vec(v).expect("json")
+}
+
+fn round_trip<T>(value: &T)
+where
+    T: serde::Serialize
+        + serde::de::DeserializeOwned
+        + validate::Validate
+        + PartialEq
+        + std::fmt::Debug,
+{
+    let encoded = encode(value).expect("encode");
+    let decoded: T = decode(&encoded).expect("decode");
+    assert_eq!(&decoded, value);
+}
+
+#[test]
+fn every_message_round_trips() {
+    let spec: JobSpec = decode(&bytes(&job_json())).expect("job");
+    let advert: SiteAdvert = decode(&bytes(&advert_json())).expect("advert");
+    assert_eq!(advert.pools[0].free_milli(), 1500);
+    round_trip(&spec);
+    round_trip(&advert);
+    let job = JobId::new("j-1").expect("id");
+    let site = SiteId::new("dc-a").expect("id");
+    round_trip(&Heartbeat {
+        v: 1,
+        site: site.clone(),
+        seq: 3,
+        sent_at_ms: 9,
+        generation: 7,
+        running: vec![AttemptRef {
+            job: job.clone(),
+            attempt: 2,
+        }],
+    });
+    round_trip(&Offer {
+        v: 1,
+        job: job.clone(),
+        attempt: 1,
+        site: site.clone(),
+        pool: "a100".into(),
+        devices: vec![DeviceShare {
+            index: 1,
+            milli: 500,
+        }],
+        spec: spec.clone(),
+        resume_from: Some("s3://ckpt/1".into()),
+    });
+    for outcome in [
+        OfferOutcome::Accepted,
+        OfferOutcome::Rejected {
+            reason: "full".into(),
+        },
+    ] {
+        round_trip(&OfferReply {
+            v: 1,
+            job: job.clone(),
+            attempt: 1,
+            outcome,
+        });
+    }
+    round_trip(&CancelAttempt {
+        v: 1,
+        job: job.clone(),
+        attempt: 1,
+        reason: "user".into(),
+    });
+    for state in [
+        AttemptState::Running,
+        AttemptState::Succeeded { exit_code: 0 },
+        AttemptState::Failed {
+            exit_code: Some(3),
+            reason: "exit 3".into(),
+        },
+        AttemptState::Cancelled {
+            reason: "user".into(),
+        },
+        AttemptState::Interrupted {
+            reason: "agent restarted".into(),
+        },
+    ] {
+        round_trip(&JobStatus {
+            v: 1,
+            job: job.clone(),
+            attempt: 1,
+            site: site.clone(),
+            state,
+            at_ms: 5,
+            started_at_ms: Some(4),
+            runtime_ms: Some(1),
+            checkpoint: None,
+        });
+    }
+    round_trip(&StatusAck {
+        v: 1,
+        job: job.clone(),
+        attempt: 1,
+    });
+    round_trip(&LogsRequest {
+        v: 1,
+        job: job.clone(),
+        attempt: 1,
+        lines: 10,
+    });
+    round_trip(&LogsReply {
+        v: 1,
+        job: job.clone(),
+        attempt: 1,
+        site,
+        text: "x".into(),
+    });
+    round_trip(&JobRef { v: 1, job });
+    round_trip(&BrokerHello {
+        v: 1,
+        sent_at_ms: 1,
+    });
+    round_trip(&ApiReply::ok(SubmitReply {
+        job: JobId::new("j-2").expect("id"),
+        created: true,
+    }));
+    round_trip(&ApiReply::<SubmitReply>::err(ErrorBody::new(
+        ErrorCode::Invalid,
+        Some("x".into()),
+        "bad",
+    )));
+}
+
+fn job_error(edit: impl FnOnce(&mut Value)) -> WireError {
+    let mut v = job_json();
+    edit(&mut v);
+    decode::<JobSpec>(&bytes(&v)).expect_err("must be rejected")
+}
+
+fn advert_error(edit: impl FnOnce(&mut Value)) -> WireError {
+    let mut v = advert_json();
+    edit(&mut v);
+    decode::<SiteAdvert>(&bytes(&v)).expect_err("must be rejected")
+}
+
+#[test]
+fn malformed_json_is_rejected_with_position() {
+    let err = decode::<JobSpec>(b"{\"v\": 1, \"tenant\": ").expect_err("truncated");
+    assert_eq!(err.code(), ErrorCode::Malformed);
+    assert!(err.to_string().contains("EOF"), "{err}");
+    let err = decode::<JobSpec>(b"not json").expect_err("garbage");
+    assert_eq!(err.code(), ErrorCode::Malformed);
+}
+
+#[test]
+fn negative_count_names_the_field() {
+    let err = job_error(|v| v["resources"]["count"] = json!(-1));
+    assert_eq!(err.field(), Some("resources.count"));
+    assert!(err.to_string().contains("-1"), "{err}");
+}
+
+#[test]
+fn unknown_accelerator_kind_lists_the_known_ones() {
+    let err = job_error(|v| v["resources"]["kind"] = json!("tpu"));
+    assert_eq!(err.field(), Some("resources.kind"));
+    assert!(err.to_string().contains("unknown variant `tpu`"), "{err}");
+    assert!(err.to_string().contains("gpu"), "{err}");
+}
+
+#[test]
+fn latitude_out_of_range_is_invalid() {
+    let err = job_error(|v| v["users"][0]["location"]["lat"] = json!(200.0));
+    assert_eq!(err.code(), ErrorCode::Invalid);
+    assert_eq!(err.field(), Some("users[0].location.lat"));
+    assert!(err.to_string().contains("200"), "{err}");
+}
+
+#[test]
+fn bad_ids_are_rejected() {
+    let err = job_error(|v| v["tenant"] = json!("team a"));
+    assert_eq!(err.field(), Some("tenant"));
+    let err = job_error(|v| v["tenant"] = json!("x".repeat(100)));
+    assert!(err.to_string().contains("limit is 64"), "{err}");
+}
+
+#[test]
+fn counts_and_prices_out_of_range_are_rejected() {
+    assert_eq!(
+        job_error(|v| v["resources"]["count"] = json!(0)).field(),
+        Some("resources.count")
+    );
+    assert_eq!(
+        job_error(|v| v["resources"]["milli"] = json!(1500)).field(),
+        Some("resources.milli")
+    );
+    assert_eq!(
+        job_error(|v| v["replicas"] = json!(0)).field(),
+        Some("replicas")
+    );
+    assert_eq!(
+        job_error(|v| v["constraints"] = json!({"price_cap_micro_usd_per_hour": 5_000_000_000u64}))
+            .field(),
+        Some("constraints.price_cap_micro_usd_per_hour")
+    );
+    assert_eq!(
+        job_error(|v| v["run"]["command"] = json!("  ")).field(),
+        Some("run.command")
+    );
+    assert_eq!(
+        job_error(|v| v["policy"] = json!({"weights": {"cost": 0.0}})).field(),
+        Some("policy.weights")
+    );
+    assert_eq!(
+        job_error(|v| v["run"]["env"] = json!({"1BAD": "x"})).field(),
+        Some("run.env.1BAD")
+    );
+}
+
+#[test]
+fn advert_inconsistencies_are_rejected() {
+    assert_eq!(
+        advert_error(|v| v["site"]["pue"] = json!(0.5)).field(),
+        Some("site.pue")
+    );
+    assert_eq!(
+        advert_error(|v| v["site"]["location"]["lon"] = json!(-181)).field(),
+        Some("site.location.lon")
+    );
+    assert_eq!(
+        advert_error(|v| v["pools"][0]["count"] = json!(3)).field(),
+        Some("pools[0].devices")
+    );
+    assert_eq!(
+        advert_error(|v| v["pools"][0]["devices"][1]["used_milli"] = json!(1001)).field(),
+        Some("pools[0].devices[1].used_milli")
+    );
+    assert_eq!(
+        advert_error(|v| v["pools"] = json!([])).field(),
+        Some("pools")
+    );
+    assert_eq!(
+        advert_error(|v| v["site"]["id"] = json!("a.b")).field(),
+        Some("site.id")
+    );
+}
+
+#[test]
+fn oversized_messages_are_rejected_before_parsing() {
+    let big = vec![b' '; MAX_MESSAGE_BYTES + 1];
+    let err = decode::<JobSpec>(&big).expect_err("too large");
+    assert_eq!(err.code(), ErrorCode::TooLarge);
+    assert_eq!(err.code().http_status(), 413);
+}
+
+#[test]
+fn other_versions_are_refused() {
+    let err = job_error(|v| v["v"] = json!(2));
+    assert_eq!(
+        err,
+        WireError::UnsupportedVersion {
+            found: 2,
+            supported: 1
+        }
+    );
+}
+
+#[test]
+fn trailing_garbage_is_rejected() {
+    let mut b = bytes(&job_json());
+    b.extend_from_slice(b" {}");
+    assert_eq!(
+        decode::<JobSpec>(&b).expect_err("trailing").code(),
+        ErrorCode::Malformed
+    );
+}
+
+#[test]
+fn api_reply_must_hold_exactly_one_side() {
+    let err = decode::<ApiReply<SubmitReply>>(br#"{"v":1}"#).expect_err("empty reply");
+    assert_eq!(err.field(), Some("ok"));
+}
+
+mod props {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Whatever bytes arrive, decoding returns a value or an error; it never panics.
+        #[test]
+        fn decode_never_panics(data in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = decode::<JobSpec>(&data);
+            let _ = decode::<SiteAdvert>(&data);
+        }
+
+        /// Any in-range location is accepted and any out-of-range latitude is named.
+        #[test]
+        fn latitude_range(lat in -400.0f64..400.0) {
+            let mut v = job_json();
+            v["users"][0]["location"]["lat"] = json!(lat);
+            let r = decode::<JobSpec>(&bytes(&v));
+            if (-90.0..=90.0).contains(&lat) {
+                prop_assert!(r.is_ok());
+            } else {
+                let e = r.expect_err("out of range");
+                prop_assert_eq!(e.field(), Some("users[0].location.lat"));
+            }
+        }
+    }
+}
