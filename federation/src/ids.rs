@@ -90,6 +90,13 @@ id_type!(
     TenantId
 );
 
+impl JobId {
+    /// The id of the `n`-th job a broker creates: `j-` and at least six digits, always a valid id.
+    pub fn numbered(n: u64) -> Self {
+        JobId(format!("j-{n:06}"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,44 @@
+//! The journal: every change of broker state is recorded here before it is applied. Replaying the records
+//! into an empty reactor rebuilds the same state. Liveness (heartbeats, repeated adverts of an unchanged
+//! generation) is soft state and is not journaled: after a replay it is refreshed by the next heartbeats.
+
+use super::reactor::Event;
+use super::Millis;
+
+/// One journaled step: when it happened and what happened.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Record {
+    pub at_ms: Millis,
+    pub event: Event,
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum JournalError {
+    /// The journal could not store the record; the step was not applied. Retryable.
+    #[error("journal unavailable: {0}")]
+    Unavailable(String),
+}
+
+impl JournalError {
+    pub fn is_retryable(&self) -> bool {
+        true
+    }
+}
+
+/// Where records go. An implementation must have stored the record when `append` returns `Ok`.
+pub trait Journal {
+    fn append(&mut self, record: &Record) -> Result<(), JournalError>;
+}
+
+/// Keeps records in memory (until durable state on JetStream lands).
+#[derive(Debug, Default)]
+pub struct MemoryJournal {
+    pub records: Vec<Record>,
+}
+
+impl Journal for MemoryJournal {
+    fn append(&mut self, record: &Record) -> Result<(), JournalError> {
+        self.records.push(record.clone());
+        Ok(())
+    }
+}

@@ -1,0 +1,281 @@
+//! The broker's nouns: sites with their pools and devices as the broker counts them, and job records.
+
+use super::metering::Rates;
+use super::placement::{Decision, Terms};
+use super::Millis;
+use meridian_federation::{
+    AcceleratorKind, Amounts, DeviceShare, JobId, JobPhase, JobSpec, PoolAdvert, SiteAdvert,
+    SiteId, SiteInfo, Tier,
+};
+
+/// One device as the broker counts it: what the agent last reported in use, and what the broker has itself
+/// assigned. The free share is the smaller of what both allow, so neither a late advert nor a fresh
+/// reservation can make the broker over-commit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Device {
+    pub index: u32,
+    pub healthy: bool,
+    pub advert_used_milli: u32,
+    pub reserved_milli: u32,
+}
+
+impl Device {
+    pub fn free_milli(&self) -> u32 {
+        if !self.healthy {
+            return 0;
+        }
+        1000u32.saturating_sub(self.advert_used_milli.max(self.reserved_milli))
+    }
+}
+
+/// A pool of identical accelerators at a site.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Pool {
+    pub name: String,
+    pub kind: AcceleratorKind,
+    pub vendor: String,
+    pub model: String,
+    pub memory_mib: u64,
+    pub power_watts: u32,
+    pub price_micro_usd_per_hour: u64,
+    pub milli_sharing: bool,
+    pub devices: Vec<Device>,
+}
+
+impl Pool {
+    fn from_advert(p: &PoolAdvert) -> Self {
+        Pool {
+            name: p.name.clone(),
+            kind: p.kind,
+            vendor: p.vendor.clone(),
+            model: p.model.clone(),
+            memory_mib: p.memory_mib,
+            power_watts: p.measured_power_watts.unwrap_or(p.power_watts),
+            price_micro_usd_per_hour: p.price_micro_usd_per_hour,
+            milli_sharing: p.sharing.milli,
+            devices: p
+                .devices
+                .iter()
+                .map(|d| Device {
+                    index: d.index,
+                    healthy: d.healthy,
+                    advert_used_milli: d.used_milli,
+                    reserved_milli: 0,
+                })
+                .collect(),
+        }
+    }
+
+    pub fn healthy_devices(&self) -> usize {
+        self.devices.iter().filter(|d| d.healthy).count()
+    }
+
+    pub fn free_milli(&self) -> u64 {
+        self.devices.iter().map(|d| u64::from(d.free_milli())).sum()
+    }
+
+    /// Whether the model is among `allowed` (case-insensitive); an empty list allows every model.
+    pub fn model_allowed(&self, allowed: &[String]) -> bool {
+        allowed.is_empty() || allowed.iter().any(|m| m.eq_ignore_ascii_case(&self.model))
+    }
+
+    fn device_mut(&mut self, index: u32) -> Option<&mut Device> {
+        self.devices.iter_mut().find(|d| d.index == index)
+    }
+}
+
+/// A site as the broker knows it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Site {
+    pub info: SiteInfo,
+    pub pools: Vec<Pool>,
+    pub generation: u64,
+    pub last_seen_ms: Millis,
+    /// False once heartbeats stopped for longer than the loss timeout.
+    pub up: bool,
+    /// Drain asked by the site itself in its advert.
+    pub advert_draining: bool,
+    /// Drain asked through the API.
+    pub api_draining: bool,
+}
+
+impl Site {
+    pub fn from_advert(a: &SiteAdvert, now: Millis) -> Self {
+        Site {
+            info: a.site.clone(),
+            pools: a.pools.iter().map(Pool::from_advert).collect(),
+            generation: a.generation,
+            last_seen_ms: now,
+            up: true,
+            advert_draining: a.draining,
+            api_draining: false,
+        }
+    }
+
+    pub fn id(&self) -> &SiteId {
+        &self.info.id
+    }
+
+    pub fn tier(&self) -> Tier {
+        self.info.tier
+    }
+
+    pub fn draining(&self) -> bool {
+        self.advert_draining || self.api_draining
+    }
+
+    pub fn pool(&self, name: &str) -> Option<&Pool> {
+        self.pools.iter().find(|p| p.name == name)
+    }
+
+    pub fn pool_mut(&mut self, name: &str) -> Option<&mut Pool> {
+        self.pools.iter_mut().find(|p| p.name == name)
+    }
+
+    pub fn holds_dataset(&self, name: &str) -> bool {
+        self.info.datasets.iter().any(|d| d.name == name)
+    }
+
+    /// Adds (`sign` = true) or removes a reservation of devices.
+    pub fn apply_reservation(&mut self, pool: &str, devices: &[DeviceShare], add: bool) {
+        if let Some(p) = self.pool_mut(pool) {
+            for share in devices {
+                if let Some(d) = p.device_mut(share.index) {
+                    d.reserved_milli = if add {
+                        d.reserved_milli.saturating_add(share.milli)
+                    } else {
+                        d.reserved_milli.saturating_sub(share.milli)
+                    };
+                }
+            }
+        }
+    }
+
+    /// The rates of a pool here, with grid intensity `g_per_kwh`.
+    pub fn rates(&self, pool: &Pool, g_per_kwh: u32) -> Rates {
+        Rates {
+            price_micro_usd_per_hour: pool.price_micro_usd_per_hour,
+            power_watts: pool.power_watts,
+            pue: self.info.pue,
+            g_per_kwh,
+        }
+    }
+
+    /// Mean grid intensity over `[now, now + duration_ms)`: the advertised hourly forecast where it covers
+    /// that span, else the current value for the hours it does not cover.
+    pub fn mean_intensity(&self, now: Millis, duration_ms: u64) -> f64 {
+        let c = &self.info.carbon;
+        if c.forecast.is_empty() || duration_ms == 0 {
+            return f64::from(c.g_per_kwh);
+        }
+        let hour = 3_600_000u64;
+        let mut t = now;
+        let end = now.saturating_add(duration_ms);
+        let mut sum = 0.0;
+        while t < end {
+            let step = (hour - (t % hour)).min(end - t);
+            let value = if t >= c.forecast_start_ms {
+                let i = ((t - c.forecast_start_ms) / hour) as usize;
+                c.forecast.get(i).copied().unwrap_or(c.g_per_kwh)
+            } else {
+                c.g_per_kwh
+            };
+            sum += f64::from(value) * step as f64;
+            t += step;
+        }
+        sum / duration_ms as f64
+    }
+}
+
+/// Where a job's current attempt runs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Assignment {
+    pub site: SiteId,
+    pub pool: String,
+    pub tier: Tier,
+    pub devices: Vec<DeviceShare>,
+}
+
+/// A job as the broker records it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Job {
+    pub id: JobId,
+    pub spec: JobSpec,
+    pub phase: JobPhase,
+    /// Number of the latest offer (0 before the first).
+    pub attempt: u32,
+    pub assignment: Option<Assignment>,
+    pub submitted_ms: Millis,
+    /// Since when the job waits for capacity (reset when it is requeued); `max_wait` counts from here.
+    pub waiting_since_ms: Millis,
+    pub offered_ms: Option<Millis>,
+    pub started_ms: Option<Millis>,
+    pub finished_ms: Option<Millis>,
+    pub exit_code: Option<i32>,
+    /// Why the job is where it is, in words.
+    pub why: String,
+    pub decision: Option<Decision>,
+    /// Sites that refused or timed out an offer, and until when they are skipped for this job.
+    pub refused_until: Vec<(SiteId, Millis)>,
+    /// Expected terms at the chosen site, from the decision.
+    pub estimate: Option<Terms>,
+    pub metered: Amounts,
+    pub runtime_ms: u64,
+    pub checkpoint: Option<String>,
+    pub cancel_requested: bool,
+    /// When a waiting job should be tried again even if nothing changes (its burst time).
+    pub retry_at_ms: Option<Millis>,
+    pub history: Vec<(Millis, String)>,
+}
+
+impl Job {
+    pub fn new(id: JobId, spec: JobSpec, now: Millis) -> Self {
+        Job {
+            id,
+            spec,
+            phase: JobPhase::Pending,
+            attempt: 0,
+            assignment: None,
+            submitted_ms: now,
+            waiting_since_ms: now,
+            offered_ms: None,
+            started_ms: None,
+            finished_ms: None,
+            exit_code: None,
+            why: "submitted".into(),
+            decision: None,
+            refused_until: Vec::new(),
+            estimate: None,
+            metered: Amounts::default(),
+            runtime_ms: 0,
+            checkpoint: None,
+            cancel_requested: false,
+            retry_at_ms: None,
+            history: vec![(now, "submitted".into())],
+        }
+    }
+
+    /// Whether the job holds devices at a site (offered, running or being cancelled there).
+    pub fn holds_devices(&self) -> bool {
+        matches!(
+            self.phase,
+            JobPhase::Offered | JobPhase::Running | JobPhase::Cancelling
+        )
+    }
+
+    pub fn note(&mut self, now: Millis, what: impl Into<String>) {
+        const MAX_HISTORY: usize = 200;
+        if self.history.len() >= MAX_HISTORY {
+            self.history.remove(1);
+        }
+        self.history.push((now, what.into()));
+    }
+
+    /// Sites this job skips at `now` because they refused it recently.
+    pub fn refused_sites(&self, now: Millis) -> impl Iterator<Item = &SiteId> {
+        self.refused_until
+            .iter()
+            .filter(move |(_, until)| *until > now)
+            .map(|(s, _)| s)
+    }
+}

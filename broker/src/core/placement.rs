@@ -1,0 +1,627 @@
+//! Placement: filter sites by hard constraints, score the rest, choose within the spill-over order of tiers.
+//!
+//! Pure: `place(view, request, now)` reads plain data and returns a [`Decision`] that records, for every
+//! candidate (a site and one of its pools), its score terms or the reason it was rejected.
+//!
+//! ## Terms
+//! - **cost**: price × device-hours + egress for `prefer` datasets not at the site, at the lowest egress price
+//!   among the sites that hold them (micro-USD);
+//! - **energy**: power × device-hours × PUE (Wh); **carbon**: energy × mean grid intensity over the expected
+//!   run, from the site's advertised forecast where it has one (gCO2e);
+//! - **latency**: weighted mean round trip from the job's user populations (see [`super::latency`]);
+//! - **data**: bytes of `prefer` datasets that would have to move to the site.
+//!
+//! ## Normalisation
+//! Each term `t` of a candidate is compared with the best value `b` of that term among the candidates that
+//! can take the job now in the tier being chosen from: `n = (t + f) / (b + f) − 1`, where `f` is a small floor
+//! that keeps the ratio finite when the best is 0 ([`FLOORS`]: 1 cent, 1 Wh, 1 g, 1 ms, 1 GB). So `n` is 0 for
+//! the best candidate and 1 for one twice as bad. The score is `Σ weight × n`; the lowest score wins, ties go
+//! to the site id that sorts first.
+//!
+//! ## Policies
+//! | policy | cost | energy | carbon | latency | data |
+//! | --- | --- | --- | --- | --- | --- |
+//! | `latency` | 0.01 | 0 | 0 | 1 | 0 |
+//! | `cost` | 1 | 0 | 0.01 | 0 | 0 |
+//! | `green` | 0.01 | 0.2 | 1 | 0 | 0 |
+//! | `balanced` | 1 | 0 | 1 | 1 | 0.5 |
+//!
+//! A job without a policy gets `latency` if it is an inference job, else `balanced`.
+//!
+//! ## Spill-over
+//! Owned sites first, then partner sites; cloud sites only when no owned or partner site can take the job now
+//! and the job has waited its `max_wait_s`.
+
+use super::latency::{self, RttTable};
+use super::metering::{self, Rates};
+use super::model::{Pool, Site};
+use super::regions::Regions;
+use super::Millis;
+use meridian_federation::{
+    AcceleratorKind, DeviceShare, JobKind, JobSpec, Locality, Policy, SiteId, Tier, Weights,
+};
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+
+/// Expected run time when a job gives none, seconds.
+pub const DEFAULT_DURATION_S: u64 = 3600;
+
+/// Floors of the normalisation, in each term's unit: cost (micro-USD), energy (Wh), carbon (g), latency (ms),
+/// data (bytes).
+pub const FLOORS: [f64; 5] = [10_000.0, 1.0, 1.0, 1.0, 1e9];
+
+/// Everything placement reads.
+#[derive(Clone, Copy)]
+pub struct View<'a> {
+    pub sites: &'a BTreeMap<SiteId, Site>,
+    pub rtt: &'a RttTable,
+    pub regions: &'a Regions,
+}
+
+/// The job being placed and what the broker knows of its history.
+#[derive(Clone, Copy)]
+pub struct Request<'a> {
+    pub spec: &'a JobSpec,
+    /// How long the job has waited for capacity.
+    pub waited_ms: u64,
+    /// Sites that refused this job recently.
+    pub refused: &'a [SiteId],
+}
+
+/// The score terms of one candidate.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Terms {
+    pub cost_micro_usd: u64,
+    pub energy_wh: u64,
+    pub co2_g: u64,
+    pub latency_ms: f64,
+    pub data_bytes_moved: u64,
+    /// Weighted normalised score (lower is better); NaN until normalised.
+    pub score: f64,
+}
+
+impl Terms {
+    fn values(&self) -> [f64; 5] {
+        [
+            self.cost_micro_usd as f64,
+            self.energy_wh as f64,
+            self.co2_g as f64,
+            self.latency_ms,
+            self.data_bytes_moved as f64,
+        ]
+    }
+}
+
+/// Why a candidate was not chosen.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Reject {
+    SiteLost,
+    Draining,
+    TierNotAllowed(Tier),
+    SiteNotAllowed,
+    OutsideResidency(String),
+    MissingDataset(String),
+    NoPoolOfKind(AcceleratorKind),
+    ModelNotAllowed(String),
+    TooLittleMemory {
+        has_mib: u64,
+        needs_mib: u64,
+    },
+    TooFewDevices {
+        has: usize,
+        needs: u64,
+    },
+    NoMilliSharing,
+    PriceAboveCap {
+        price: u64,
+        cap: u64,
+    },
+    RefusedRecently,
+    /// Fits the job's shape but not its size right now.
+    Busy {
+        free_milli: u64,
+        needs_milli: u64,
+    },
+    /// Could run it now, but a site of an earlier tier can.
+    EarlierTierFirst(Tier),
+    /// A cloud site, held back until the job has waited its `max_wait`.
+    BurstHeld {
+        remaining_ms: u64,
+    },
+    /// Scored, but another candidate scored better.
+    Outscored,
+}
+
+impl fmt::Display for Reject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Reject::SiteLost => write!(f, "site lost (no heartbeats)"),
+            Reject::Draining => write!(f, "site draining"),
+            Reject::TierNotAllowed(t) => write!(f, "tier {} not allowed by the job", t.as_str()),
+            Reject::SiteNotAllowed => write!(f, "site not in the job's allowed sites"),
+            Reject::OutsideResidency(r) => write!(f, "outside residency region {r}"),
+            Reject::MissingDataset(d) => write!(f, "lacks required dataset {d}"),
+            Reject::NoPoolOfKind(k) => write!(f, "no {} pool", k.as_str()),
+            Reject::ModelNotAllowed(m) => write!(f, "model {m} not allowed"),
+            Reject::TooLittleMemory { has_mib, needs_mib } => {
+                write!(f, "{has_mib} MiB per device, needs {needs_mib}")
+            }
+            Reject::TooFewDevices { has, needs } => {
+                write!(f, "{has} healthy devices, needs {needs}")
+            }
+            Reject::NoMilliSharing => write!(f, "pool does not share devices"),
+            Reject::PriceAboveCap { price, cap } => write!(
+                f,
+                "price {:.2} USD/h above cap {:.2}",
+                *price as f64 / 1e6,
+                *cap as f64 / 1e6
+            ),
+            Reject::RefusedRecently => write!(f, "refused or timed out an offer recently"),
+            Reject::Busy {
+                free_milli,
+                needs_milli,
+            } => write!(
+                f,
+                "busy: {:.3} devices free, needs {:.3}",
+                *free_milli as f64 / 1000.0,
+                *needs_milli as f64 / 1000.0
+            ),
+            Reject::EarlierTierFirst(t) => write!(f, "{} capacity is used first", t.as_str()),
+            Reject::BurstHeld { remaining_ms } => write!(
+                f,
+                "cloud burst held for {:.1}s more (max_wait)",
+                *remaining_ms as f64 / 1000.0
+            ),
+            Reject::Outscored => write!(f, "scored worse"),
+        }
+    }
+}
+
+/// One candidate of a decision.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Candidate {
+    pub site: SiteId,
+    pub tier: Tier,
+    pub pool: Option<String>,
+    pub terms: Option<Terms>,
+    pub reject: Option<Reject>,
+}
+
+/// The chosen site, pool and devices.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Choice {
+    pub site: SiteId,
+    pub pool: String,
+    pub tier: Tier,
+    pub devices: Vec<DeviceShare>,
+    pub terms: Terms,
+}
+
+/// Why a job waits.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Wait {
+    /// No site could ever take the job as it stands; the nearest miss is named.
+    NoSiteFits {
+        nearest_miss: Option<(SiteId, String)>,
+    },
+    /// Sites that fit are busy; the job waits for capacity (and for `max_wait` before cloud burst).
+    Busy { burst_in_ms: Option<u64> },
+}
+
+impl fmt::Display for Wait {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Wait::NoSiteFits {
+                nearest_miss: Some((s, why)),
+            } => write!(f, "no site fits; nearest miss {s}: {why}"),
+            Wait::NoSiteFits { nearest_miss: None } => write!(f, "no site fits; no sites known"),
+            Wait::Busy {
+                burst_in_ms: Some(ms),
+            } => write!(
+                f,
+                "owned and partner sites busy; cloud burst allowed in {:.1}s",
+                *ms as f64 / 1000.0
+            ),
+            Wait::Busy { burst_in_ms: None } => write!(f, "all sites that fit are busy"),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Outcome {
+    Place(Choice),
+    Wait(Wait),
+}
+
+/// A placement decision with its explanation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    pub at_ms: Millis,
+    pub policy: &'static str,
+    pub weights: Weights,
+    pub outcome: Outcome,
+    pub candidates: Vec<Candidate>,
+}
+
+/// The weights a policy stands for (see the module docs).
+pub fn weights(policy: &Policy) -> Weights {
+    let w = |cost, energy, carbon, latency, data| Weights {
+        cost,
+        energy,
+        carbon,
+        latency,
+        data,
+    };
+    match policy {
+        Policy::Latency => w(0.01, 0.0, 0.0, 1.0, 0.0),
+        Policy::Cost => w(1.0, 0.0, 0.01, 0.0, 0.0),
+        Policy::Green => w(0.01, 0.2, 1.0, 0.0, 0.0),
+        Policy::Balanced => w(1.0, 0.0, 1.0, 1.0, 0.5),
+        Policy::Weights(x) => x.clone(),
+    }
+}
+
+/// The policy a job is placed under.
+pub fn policy_of(spec: &JobSpec) -> Policy {
+    spec.policy.clone().unwrap_or(match spec.kind {
+        JobKind::Inference => Policy::Latency,
+        _ => Policy::Balanced,
+    })
+}
+
+/// Places one job. Does no I/O and reads no clock.
+pub fn place(view: View<'_>, req: Request<'_>, now: Millis) -> Decision {
+    let spec = req.spec;
+    let policy = policy_of(spec);
+    let w = weights(&policy);
+    let duration_ms = spec.duration_s.unwrap_or(DEFAULT_DURATION_S) * 1000;
+    let egress = cheapest_egress(view.sites, spec);
+    let mut candidates = Vec::new();
+    // (candidate index, devices) of candidates that can take the job now.
+    let mut ready: Vec<(usize, Vec<DeviceShare>)> = Vec::new();
+    let mut nearest_miss: Option<(SiteId, String)> = None;
+
+    for site in view.sites.values() {
+        let base = |pool: Option<&Pool>, reject: Reject| Candidate {
+            site: site.id().clone(),
+            tier: site.tier(),
+            pool: pool.map(|p| p.name.clone()),
+            terms: None,
+            reject: Some(reject),
+        };
+        if let Some(r) = site_reject(view, site, spec) {
+            if nearest_miss.is_none() && !matches!(r, Reject::SiteLost | Reject::Draining) {
+                nearest_miss = Some((site.id().clone(), r.to_string()));
+            }
+            candidates.push(base(None, r));
+            continue;
+        }
+        let mut any_pool = false;
+        for pool in site.pools.iter().filter(|p| p.kind == spec.resources.kind) {
+            any_pool = true;
+            if let Some(r) = pool_reject(pool, spec) {
+                nearest_miss.get_or_insert_with(|| (site.id().clone(), r.to_string()));
+                candidates.push(base(Some(pool), r));
+                continue;
+            }
+            if req.refused.contains(site.id()) {
+                candidates.push(base(Some(pool), Reject::RefusedRecently));
+                continue;
+            }
+            let terms = terms(view, site, pool, spec, &egress, now, duration_ms);
+            match fit_now(pool, spec) {
+                Some(devices) => {
+                    ready.push((candidates.len(), devices));
+                    candidates.push(Candidate {
+                        terms: Some(terms),
+                        reject: None,
+                        ..base(Some(pool), Reject::Outscored)
+                    });
+                }
+                None => candidates.push(Candidate {
+                    terms: Some(terms),
+                    ..base(
+                        Some(pool),
+                        Reject::Busy {
+                            free_milli: pool.free_milli(),
+                            needs_milli: spec.total_milli(),
+                        },
+                    )
+                }),
+            }
+        }
+        if !any_pool {
+            let r = Reject::NoPoolOfKind(spec.resources.kind);
+            nearest_miss.get_or_insert_with(|| (site.id().clone(), r.to_string()));
+            candidates.push(base(None, r));
+        }
+    }
+
+    let any_shape_fits = candidates.iter().any(|c| c.terms.is_some());
+    let tiers: Vec<Tier> = candidates.iter().map(|c| c.tier).collect();
+    let tier_of = |i: usize| tiers[i];
+    let first_ready_tier = ready.iter().map(|(i, _)| tier_of(*i)).min();
+    let max_wait_ms = spec.max_wait_s * 1000;
+    let (chosen_tier, burst_in_ms) = match first_ready_tier {
+        Some(Tier::Cloud) if req.waited_ms < max_wait_ms => {
+            (None, Some(max_wait_ms - req.waited_ms))
+        }
+        t => (t, None),
+    };
+
+    // Mark ready candidates outside the chosen tier.
+    for (i, _) in &ready {
+        let c = &mut candidates[*i];
+        match (chosen_tier, burst_in_ms) {
+            (Some(t), _) if c.tier != t => c.reject = Some(Reject::EarlierTierFirst(t)),
+            (None, Some(ms)) => c.reject = Some(Reject::BurstHeld { remaining_ms: ms }),
+            _ => {}
+        }
+    }
+
+    let Some(tier) = chosen_tier else {
+        let wait = if any_shape_fits {
+            Wait::Busy { burst_in_ms }
+        } else {
+            Wait::NoSiteFits { nearest_miss }
+        };
+        return Decision {
+            at_ms: now,
+            policy: policy.name(),
+            weights: w,
+            outcome: Outcome::Wait(wait),
+            candidates,
+        };
+    };
+
+    // Normalise among the ready candidates of the chosen tier.
+    let in_tier: Vec<&(usize, Vec<DeviceShare>)> =
+        ready.iter().filter(|(i, _)| tier_of(*i) == tier).collect();
+    let mut best = [f64::INFINITY; 5];
+    for (i, _) in &in_tier {
+        if let Some(t) = &candidates[*i].terms {
+            for (b, v) in best.iter_mut().zip(t.values()) {
+                *b = b.min(v);
+            }
+        }
+    }
+    let ws = [w.cost, w.energy, w.carbon, w.latency, w.data];
+    let mut winner: Option<(f64, usize, &Vec<DeviceShare>)> = None;
+    for (i, devices) in in_tier {
+        let Some(t) = candidates[*i].terms.as_mut() else {
+            continue;
+        };
+        let score: f64 = t
+            .values()
+            .iter()
+            .zip(best)
+            .zip(FLOORS)
+            .zip(ws)
+            .map(|(((v, b), f), w)| w * ((v + f) / (b + f) - 1.0))
+            .sum();
+        t.score = score;
+        // Candidates are visited in site-id order, so a strict `<` keeps the first of equal scores.
+        if winner.as_ref().is_none_or(|(s, _, _)| score < *s) {
+            winner = Some((score, *i, devices));
+        }
+    }
+    for (i, _) in &ready {
+        if tier_of(*i) == tier {
+            candidates[*i].reject = Some(Reject::Outscored);
+        }
+    }
+    let outcome = match winner {
+        Some((_, i, devices)) => {
+            let c = &mut candidates[i];
+            c.reject = None;
+            Outcome::Place(Choice {
+                site: c.site.clone(),
+                pool: c.pool.clone().unwrap_or_default(),
+                tier,
+                devices: devices.clone(),
+                terms: c.terms.clone().unwrap_or_else(|| unreachable_terms()),
+            })
+        }
+        None => Outcome::Wait(Wait::Busy { burst_in_ms: None }),
+    };
+    Decision {
+        at_ms: now,
+        policy: policy.name(),
+        weights: w,
+        outcome,
+        candidates,
+    }
+}
+
+fn unreachable_terms() -> Terms {
+    Terms {
+        cost_micro_usd: 0,
+        energy_wh: 0,
+        co2_g: 0,
+        latency_ms: 0.0,
+        data_bytes_moved: 0,
+        score: f64::NAN,
+    }
+}
+
+/// Site-level hard constraints.
+fn site_reject(view: View<'_>, site: &Site, spec: &JobSpec) -> Option<Reject> {
+    let c = &spec.constraints;
+    if !site.up {
+        return Some(Reject::SiteLost);
+    }
+    if site.draining() {
+        return Some(Reject::Draining);
+    }
+    if !c.tiers.is_empty() && !c.tiers.contains(&site.tier()) {
+        return Some(Reject::TierNotAllowed(site.tier()));
+    }
+    if !c.sites.is_empty() && !c.sites.contains(site.id()) {
+        return Some(Reject::SiteNotAllowed);
+    }
+    if let Some(region) = &c.residency {
+        if view.regions.contains(region, site.info.location) != Some(true) {
+            return Some(Reject::OutsideResidency(region.clone()));
+        }
+    }
+    spec.datasets
+        .iter()
+        .find(|d| d.locality == Locality::Must && !site.holds_dataset(&d.name))
+        .map(|d| Reject::MissingDataset(d.name.clone()))
+}
+
+/// Pool-level hard constraints (the job's shape, not the pool's current load).
+fn pool_reject(pool: &Pool, spec: &JobSpec) -> Option<Reject> {
+    let r = &spec.resources;
+    if !pool.model_allowed(&r.models) {
+        return Some(Reject::ModelNotAllowed(pool.model.clone()));
+    }
+    if let Some(need) = r.memory_mib {
+        if pool.memory_mib < need {
+            return Some(Reject::TooLittleMemory {
+                has_mib: pool.memory_mib,
+                needs_mib: need,
+            });
+        }
+    }
+    if r.milli.is_some() && !pool.milli_sharing {
+        return Some(Reject::NoMilliSharing);
+    }
+    let needs_devices = match r.milli {
+        Some(_) => 1,
+        None => u64::from(r.count) * u64::from(spec.replicas),
+    };
+    if (pool.healthy_devices() as u64) < needs_devices {
+        return Some(Reject::TooFewDevices {
+            has: pool.healthy_devices(),
+            needs: needs_devices,
+        });
+    }
+    if let Some(cap) = spec.constraints.price_cap_micro_usd_per_hour {
+        if pool.price_micro_usd_per_hour > cap {
+            return Some(Reject::PriceAboveCap {
+                price: pool.price_micro_usd_per_hour,
+                cap,
+            });
+        }
+    }
+    None
+}
+
+/// Devices for the job if the pool can take it now. Whole devices: the lowest-numbered free ones. Shares:
+/// best fit, the device with the least free room that still holds the share, to keep whole devices free.
+pub fn fit_now(pool: &Pool, spec: &JobSpec) -> Option<Vec<DeviceShare>> {
+    let r = &spec.resources;
+    match r.milli {
+        None => {
+            let need = (r.count as usize) * (spec.replicas as usize);
+            let devices: Vec<DeviceShare> = pool
+                .devices
+                .iter()
+                .filter(|d| d.free_milli() == 1000)
+                .take(need)
+                .map(|d| DeviceShare {
+                    index: d.index,
+                    milli: 1000,
+                })
+                .collect();
+            (devices.len() == need).then_some(devices)
+        }
+        Some(share) => {
+            let mut free: Vec<(u32, u32)> = pool
+                .devices
+                .iter()
+                .map(|d| (d.index, d.free_milli()))
+                .collect();
+            let mut out: Vec<DeviceShare> = Vec::new();
+            for _ in 0..spec.replicas {
+                let slot = free
+                    .iter_mut()
+                    .filter(|(_, f)| *f >= share)
+                    .min_by_key(|(i, f)| (*f, *i))?;
+                slot.1 -= share;
+                match out.iter_mut().find(|d| d.index == slot.0) {
+                    Some(d) => d.milli += share,
+                    None => out.push(DeviceShare {
+                        index: slot.0,
+                        milli: share,
+                    }),
+                }
+            }
+            Some(out)
+        }
+    }
+}
+
+/// For each `prefer` dataset of the job, the lowest egress price (micro-USD per GB) among up sites holding it.
+fn cheapest_egress(sites: &BTreeMap<SiteId, Site>, spec: &JobSpec) -> HashMap<String, u64> {
+    let mut out = HashMap::new();
+    for need in &spec.datasets {
+        let price = sites
+            .values()
+            .filter(|s| s.up && s.holds_dataset(&need.name))
+            .map(|s| s.info.egress_micro_usd_per_gb)
+            .min();
+        if let Some(p) = price {
+            out.insert(need.name.clone(), p);
+        }
+    }
+    out
+}
+
+fn terms(
+    view: View<'_>,
+    site: &Site,
+    pool: &Pool,
+    spec: &JobSpec,
+    egress: &HashMap<String, u64>,
+    now: Millis,
+    duration_ms: u64,
+) -> Terms {
+    let intensity = site.mean_intensity(now, duration_ms).round() as u32;
+    let rates: Rates = site.rates(pool, intensity);
+    let run = metering::amounts(&rates, spec.total_milli(), duration_ms);
+    let mut data_bytes = 0u64;
+    let mut egress_cost = 0u64;
+    for need in spec
+        .datasets
+        .iter()
+        .filter(|d| !site.holds_dataset(&d.name))
+    {
+        data_bytes = data_bytes.saturating_add(need.size_bytes);
+        let per_gb = egress.get(&need.name).copied().unwrap_or(0);
+        egress_cost = egress_cost.saturating_add(
+            (u128::from(need.size_bytes) * u128::from(per_gb) / 1_000_000_000) as u64,
+        );
+    }
+    Terms {
+        cost_micro_usd: run.cost_micro_usd.saturating_add(egress_cost),
+        energy_wh: run.energy_wh,
+        co2_g: run.co2_g,
+        latency_ms: user_latency(view.rtt, site, spec),
+        data_bytes_moved: data_bytes,
+        score: f64::NAN,
+    }
+}
+
+/// Weighted mean round trip from the job's users to the site; 0 when the job names no users.
+pub fn user_latency(rtt: &RttTable, site: &Site, spec: &JobSpec) -> f64 {
+    let total: f64 = spec.users.iter().map(|u| u.weight).sum();
+    if total <= 0.0 {
+        return 0.0;
+    }
+    spec.users
+        .iter()
+        .map(|u| {
+            u.weight
+                * latency::rtt_ms(
+                    rtt,
+                    u.location,
+                    u.rtt_region.as_deref(),
+                    site.info.location,
+                    site.info.rtt_region.as_deref(),
+                )
+        })
+        .sum::<f64>()
+        / total
+}

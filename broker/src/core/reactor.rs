@@ -1,0 +1,852 @@
+//! The broker's reactor: every change of broker state is one `step(now, event)`. A step checks the event,
+//! records it in the journal, applies it, and pushes the messages to send into the outbox. The async shell
+//! around it only moves bytes; it decides nothing.
+
+use super::journal::{Journal, JournalError, Record};
+use super::latency::RttTable;
+use super::metering;
+use super::model::{Assignment, Job, Site};
+use super::placement::{self, Outcome, Request, View};
+use super::regions::Regions;
+use super::Millis;
+use meridian_federation::{
+    AttemptRef, AttemptState, CancelAttempt, ErrorCode, Heartbeat, JobId, JobPhase, JobSpec,
+    JobStatus, Offer, OfferOutcome, SiteAdvert, SiteId, SubmitReply, TenantId, WIRE_VERSION,
+};
+use std::collections::{BTreeMap, HashMap};
+
+/// Timings of the core, in milliseconds.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CoreConfig {
+    /// A site whose last heartbeat is older than this is declared lost.
+    pub site_lost_after_ms: u64,
+    /// An offer not answered within this is treated as refused.
+    pub offer_timeout_ms: u64,
+    /// How long a site that refused an offer is skipped for that job.
+    pub refusal_cooldown_ms: u64,
+}
+
+impl Default for CoreConfig {
+    fn default() -> Self {
+        CoreConfig {
+            site_lost_after_ms: 10_000,
+            offer_timeout_ms: 5_000,
+            refusal_cooldown_ms: 10_000,
+        }
+    }
+}
+
+/// Everything that can change broker state.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    Advert(SiteAdvert),
+    Heartbeat(Heartbeat),
+    Submit(JobSpec),
+    Cancel(JobId),
+    OfferAnswer {
+        site: SiteId,
+        job: JobId,
+        attempt: u32,
+        outcome: OfferOutcome,
+    },
+    Status(JobStatus),
+    Drain {
+        site: SiteId,
+        drain: bool,
+    },
+    /// Time passed: loss of sites, offer timeouts, burst timers.
+    Tick,
+}
+
+/// A message for the shell to send.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Command {
+    Offer(Offer),
+    Cancel { site: SiteId, cancel: CancelAttempt },
+}
+
+/// What a step answers.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Response {
+    Submitted(SubmitReply),
+    Job(JobId),
+    Site(SiteId),
+    Done,
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum StepError {
+    #[error("{what} not found")]
+    NotFound { what: String },
+    #[error("invalid `{field}`: {problem}")]
+    Invalid { field: String, problem: String },
+    #[error("{0}")]
+    Conflict(String),
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+}
+
+impl StepError {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            StepError::NotFound { .. } => ErrorCode::NotFound,
+            StepError::Invalid { .. } => ErrorCode::Invalid,
+            StepError::Conflict(_) => ErrorCode::Conflict,
+            StepError::Journal(_) => ErrorCode::Unavailable,
+        }
+    }
+
+    pub fn field(&self) -> Option<String> {
+        match self {
+            StepError::Invalid { field, .. } => Some(field.clone()),
+            _ => None,
+        }
+    }
+
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, StepError::Journal(e) if e.is_retryable())
+    }
+}
+
+/// Broker state: sites, jobs and the idempotency index.
+#[derive(Clone, Debug, Default)]
+pub struct State {
+    pub sites: BTreeMap<SiteId, Site>,
+    pub jobs: BTreeMap<JobId, Job>,
+    pub next_job: u64,
+    pub by_key: HashMap<(TenantId, String), JobId>,
+    /// Capacity changed since pending jobs were last tried.
+    pub dirty: bool,
+}
+
+pub struct Reactor<J: Journal> {
+    pub state: State,
+    pub config: CoreConfig,
+    pub rtt: RttTable,
+    pub regions: Regions,
+    journal: J,
+    outbox: Vec<Command>,
+}
+
+impl<J: Journal> Reactor<J> {
+    pub fn new(config: CoreConfig, rtt: RttTable, regions: Regions, journal: J) -> Self {
+        Reactor {
+            state: State::default(),
+            config,
+            rtt,
+            regions,
+            journal,
+            outbox: Vec::new(),
+        }
+    }
+
+    pub fn journal(&self) -> &J {
+        &self.journal
+    }
+
+    /// Takes the messages produced by the steps so far.
+    pub fn take_outbox(&mut self) -> Vec<Command> {
+        std::mem::take(&mut self.outbox)
+    }
+
+    /// Applies one event at time `now`.
+    pub fn step(&mut self, now: Millis, event: Event) -> Result<Response, StepError> {
+        self.check(&event)?;
+        if self.is_durable(now, &event) {
+            self.journal.append(&Record {
+                at_ms: now,
+                event: event.clone(),
+            })?;
+        }
+        Ok(self.apply(now, event))
+    }
+
+    /// Rebuilds state from journal records (the messages they would send are dropped).
+    pub fn replay<'r>(&mut self, records: impl IntoIterator<Item = &'r Record>) {
+        for r in records {
+            self.apply(r.at_ms, r.event.clone());
+        }
+        self.outbox.clear();
+    }
+
+    /// Refuses events that would not change state, before anything is journaled.
+    fn check(&self, event: &Event) -> Result<(), StepError> {
+        match event {
+            Event::Submit(spec) => {
+                if let Some(region) = &spec.constraints.residency {
+                    if !self.regions.knows(region) {
+                        let known: Vec<&str> = self.regions.names().collect();
+                        return Err(StepError::Invalid {
+                            field: "constraints.residency".into(),
+                            problem: format!(
+                                "unknown region {region:?}; known regions: {}",
+                                known.join(", ")
+                            ),
+                        });
+                    }
+                }
+                let key = (spec.tenant.clone(), spec.idempotency_key.clone());
+                if let Some(id) = self.state.by_key.get(&key) {
+                    let same = self.state.jobs.get(id).is_some_and(|j| &j.spec == spec);
+                    if !same {
+                        return Err(StepError::Conflict(format!(
+                            "idempotency key {:?} of tenant {} was used for job {id} with a different spec",
+                            spec.idempotency_key, spec.tenant
+                        )));
+                    }
+                }
+                Ok(())
+            }
+            Event::Cancel(job) => {
+                self.state
+                    .jobs
+                    .contains_key(job)
+                    .then_some(())
+                    .ok_or_else(|| StepError::NotFound {
+                        what: format!("job {job}"),
+                    })
+            }
+            Event::Drain { site, .. } => self
+                .state
+                .sites
+                .contains_key(site)
+                .then_some(())
+                .ok_or_else(|| StepError::NotFound {
+                    what: format!("site {site}"),
+                }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether the event changes durable state. Heartbeats, adverts that repeat a known generation and ticks
+    /// with nothing due only refresh liveness, which is rebuilt from the next heartbeats after a restart.
+    fn is_durable(&self, now: Millis, event: &Event) -> bool {
+        match event {
+            Event::Heartbeat(_) => false,
+            Event::Advert(a) => !self
+                .state
+                .sites
+                .get(&a.site.id)
+                .is_some_and(|s| s.up && s.generation == a.generation && s.info == a.site),
+            Event::Tick => self.tick_due(now),
+            Event::Submit(spec) => !self
+                .state
+                .by_key
+                .contains_key(&(spec.tenant.clone(), spec.idempotency_key.clone())),
+            _ => true,
+        }
+    }
+
+    fn tick_due(&self, now: Millis) -> bool {
+        let lost =
+            self.state.sites.values().any(|s| {
+                s.up && now.saturating_sub(s.last_seen_ms) > self.config.site_lost_after_ms
+            });
+        let timed_out = self.state.jobs.values().any(|j| {
+            j.phase == JobPhase::Offered
+                && j.offered_ms
+                    .is_some_and(|t| now.saturating_sub(t) > self.config.offer_timeout_ms)
+        });
+        let retry = self.state.jobs.values().any(|j| {
+            j.phase == JobPhase::Pending
+                && (self.state.dirty
+                    || j.retry_at_ms.is_some_and(|t| t <= now)
+                    || j.refused_until.iter().any(|(_, u)| *u <= now))
+        });
+        lost || timed_out || retry
+    }
+
+    fn apply(&mut self, now: Millis, event: Event) -> Response {
+        match event {
+            Event::Advert(a) => {
+                self.on_advert(now, a);
+                Response::Done
+            }
+            Event::Heartbeat(h) => {
+                self.on_heartbeat(now, h);
+                Response::Done
+            }
+            Event::Submit(spec) => self.on_submit(now, spec),
+            Event::Cancel(job) => {
+                self.on_cancel(now, &job);
+                Response::Job(job)
+            }
+            Event::OfferAnswer {
+                site,
+                job,
+                attempt,
+                outcome,
+            } => {
+                self.on_offer_answer(now, site, job, attempt, outcome);
+                Response::Done
+            }
+            Event::Status(s) => {
+                self.on_status(now, s);
+                Response::Done
+            }
+            Event::Drain { site, drain } => {
+                if let Some(s) = self.state.sites.get_mut(&site) {
+                    s.api_draining = drain;
+                    self.state.dirty = true;
+                }
+                Response::Site(site)
+            }
+            Event::Tick => {
+                self.on_tick(now);
+                Response::Done
+            }
+        }
+    }
+
+    fn on_advert(&mut self, now: Millis, a: SiteAdvert) {
+        let id = a.site.id.clone();
+        let api_draining = self.state.sites.get(&id).is_some_and(|s| s.api_draining);
+        let unchanged = self
+            .state
+            .sites
+            .get(&id)
+            .is_some_and(|s| s.up && s.generation == a.generation && s.info == a.site);
+        if unchanged {
+            if let Some(s) = self.state.sites.get_mut(&id) {
+                s.last_seen_ms = now;
+            }
+            return;
+        }
+        let mut site = Site::from_advert(&a, now);
+        site.api_draining = api_draining;
+        // Reservations are the broker's own: rebuild them from the jobs that hold devices here.
+        for job in self.state.jobs.values().filter(|j| j.holds_devices()) {
+            if let Some(asg) = job.assignment.as_ref().filter(|asg| asg.site == id) {
+                site.apply_reservation(&asg.pool, &asg.devices, true);
+            }
+        }
+        self.state.sites.insert(id, site);
+        self.state.dirty = true;
+        self.try_pending(now);
+    }
+
+    fn on_heartbeat(&mut self, now: Millis, h: Heartbeat) {
+        let Some(site) = self.state.sites.get_mut(&h.site) else {
+            return;
+        };
+        if !site.up {
+            // A lost site must re-advertise before it gets work again; its heartbeat alone is not enough.
+            return;
+        }
+        site.last_seen_ms = now;
+        // Attempts the site runs that the broker no longer assigns there are stopped.
+        for AttemptRef { job, attempt } in h.running {
+            if !self.is_current(&job, attempt, &h.site) {
+                self.outbox.push(Command::Cancel {
+                    site: h.site.clone(),
+                    cancel: CancelAttempt {
+                        v: WIRE_VERSION,
+                        job,
+                        attempt,
+                        reason: "attempt is no longer assigned to this site".into(),
+                    },
+                });
+            }
+        }
+    }
+
+    fn is_current(&self, job: &JobId, attempt: u32, site: &SiteId) -> bool {
+        self.state.jobs.get(job).is_some_and(|j| {
+            j.attempt == attempt
+                && j.holds_devices()
+                && j.assignment.as_ref().is_some_and(|a| &a.site == site)
+        })
+    }
+
+    fn on_submit(&mut self, now: Millis, spec: JobSpec) -> Response {
+        let key = (spec.tenant.clone(), spec.idempotency_key.clone());
+        if let Some(id) = self.state.by_key.get(&key) {
+            return Response::Submitted(SubmitReply {
+                job: id.clone(),
+                created: false,
+            });
+        }
+        self.state.next_job += 1;
+        let id = JobId::numbered(self.state.next_job);
+        self.state.by_key.insert(key, id.clone());
+        self.state
+            .jobs
+            .insert(id.clone(), Job::new(id.clone(), spec, now));
+        self.try_place(now, &id);
+        Response::Submitted(SubmitReply {
+            job: id,
+            created: true,
+        })
+    }
+
+    fn on_cancel(&mut self, now: Millis, id: &JobId) {
+        let Some(job) = self.state.jobs.get_mut(id) else {
+            return;
+        };
+        match job.phase {
+            JobPhase::Pending => {
+                job.phase = JobPhase::Cancelled;
+                job.finished_ms = Some(now);
+                job.why = "cancelled while pending".into();
+                job.note(now, "cancelled while pending");
+            }
+            JobPhase::Offered | JobPhase::Running => {
+                job.phase = JobPhase::Cancelling;
+                job.cancel_requested = true;
+                job.why = "cancel requested; waiting for the site to stop it".into();
+                job.note(now, "cancel requested");
+                if let Some(a) = &job.assignment {
+                    self.outbox.push(Command::Cancel {
+                        site: a.site.clone(),
+                        cancel: CancelAttempt {
+                            v: WIRE_VERSION,
+                            job: id.clone(),
+                            attempt: job.attempt,
+                            reason: "cancelled by user".into(),
+                        },
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn on_offer_answer(
+        &mut self,
+        now: Millis,
+        site: SiteId,
+        id: JobId,
+        attempt: u32,
+        outcome: OfferOutcome,
+    ) {
+        let current = self.is_current(&id, attempt, &site);
+        let offered = self
+            .state
+            .jobs
+            .get(&id)
+            .is_some_and(|j| j.phase == JobPhase::Offered);
+        if !current || !offered {
+            if current {
+                return; // A repeated answer for an attempt already past the offer.
+            }
+            if outcome == OfferOutcome::Accepted {
+                self.outbox.push(Command::Cancel {
+                    site,
+                    cancel: CancelAttempt {
+                        v: WIRE_VERSION,
+                        job: id,
+                        attempt,
+                        reason: "offer was withdrawn before it was accepted".into(),
+                    },
+                });
+            }
+            return;
+        }
+        match outcome {
+            OfferOutcome::Accepted => {
+                if let Some(job) = self.state.jobs.get_mut(&id) {
+                    job.phase = JobPhase::Running;
+                    job.started_ms.get_or_insert(now);
+                    job.note(now, format!("attempt {attempt} accepted by {site}"));
+                }
+            }
+            OfferOutcome::Rejected { reason } => {
+                self.refuse(now, &id, &site, &format!("refused by {site}: {reason}"));
+                self.try_place(now, &id);
+            }
+        }
+    }
+
+    /// Releases the job's devices, skips the site for a while and makes the job pending again.
+    fn refuse(&mut self, now: Millis, id: &JobId, site: &SiteId, why: &str) {
+        self.release(id);
+        let until = now + self.config.refusal_cooldown_ms;
+        if let Some(job) = self.state.jobs.get_mut(id) {
+            job.refused_until.retain(|(s, u)| s != site && *u > now);
+            job.refused_until.push((site.clone(), until));
+            job.phase = JobPhase::Pending;
+            job.assignment = None;
+            job.offered_ms = None;
+            job.why = why.to_owned();
+            job.note(now, why);
+        }
+    }
+
+    fn release(&mut self, id: &JobId) {
+        let Some(job) = self.state.jobs.get(id) else {
+            return;
+        };
+        if !job.holds_devices() {
+            return;
+        }
+        if let Some(a) = &job.assignment {
+            if let Some(site) = self.state.sites.get_mut(&a.site) {
+                site.apply_reservation(&a.pool, &a.devices, false);
+            }
+        }
+        self.state.dirty = true;
+    }
+
+    fn on_status(&mut self, now: Millis, s: JobStatus) {
+        if !self.is_current(&s.job, s.attempt, &s.site) {
+            if s.state == AttemptState::Running {
+                self.outbox.push(Command::Cancel {
+                    site: s.site.clone(),
+                    cancel: CancelAttempt {
+                        v: WIRE_VERSION,
+                        job: s.job,
+                        attempt: s.attempt,
+                        reason: "attempt is no longer assigned to this site".into(),
+                    },
+                });
+            }
+            return;
+        }
+        let id = s.job.clone();
+        if let Some(job) = self.state.jobs.get_mut(&id) {
+            if s.checkpoint.is_some() {
+                job.checkpoint = s.checkpoint.clone();
+            }
+        }
+        match s.state.clone() {
+            AttemptState::Running => {
+                if let Some(job) = self.state.jobs.get_mut(&id) {
+                    if job.phase == JobPhase::Offered {
+                        job.phase = JobPhase::Running;
+                    }
+                    job.started_ms = Some(s.started_at_ms.unwrap_or(now));
+                    job.note(now, format!("attempt {} running on {}", s.attempt, s.site));
+                }
+            }
+            AttemptState::Succeeded { exit_code } => self.finish(
+                now,
+                &s,
+                JobPhase::Succeeded,
+                Some(exit_code),
+                "succeeded".into(),
+            ),
+            AttemptState::Failed { exit_code, reason } => self.finish(
+                now,
+                &s,
+                JobPhase::Failed,
+                exit_code,
+                format!("failed: {reason}"),
+            ),
+            AttemptState::Cancelled { reason } => self.finish(
+                now,
+                &s,
+                JobPhase::Cancelled,
+                None,
+                format!("cancelled: {reason}"),
+            ),
+            AttemptState::Interrupted { reason } => {
+                let cancel = self.state.jobs.get(&id).is_some_and(|j| j.cancel_requested);
+                if cancel {
+                    self.finish(
+                        now,
+                        &s,
+                        JobPhase::Cancelled,
+                        None,
+                        format!("cancelled: {reason}"),
+                    );
+                } else {
+                    self.meter(&s);
+                    self.requeue(now, &id, &format!("interrupted at {}: {reason}", s.site));
+                    self.try_place(now, &id);
+                }
+            }
+        }
+    }
+
+    /// Adds the attempt's metered run time to the job's ledger.
+    fn meter(&mut self, s: &JobStatus) {
+        let Some(job) = self.state.jobs.get(&s.job) else {
+            return;
+        };
+        let Some(a) = &job.assignment else {
+            return;
+        };
+        let runtime = s.runtime_ms.unwrap_or(0);
+        let amounts = self.state.sites.get(&a.site).and_then(|site| {
+            site.pool(&a.pool).map(|pool| {
+                let rates = site.rates(pool, site.info.carbon.g_per_kwh);
+                let milli: u64 = a.devices.iter().map(|d| u64::from(d.milli)).sum();
+                metering::amounts(&rates, milli, runtime)
+            })
+        });
+        if let Some(job) = self.state.jobs.get_mut(&s.job) {
+            job.runtime_ms = job.runtime_ms.saturating_add(runtime);
+            if let Some(x) = amounts {
+                job.metered = metering::add(job.metered, x);
+            }
+        }
+    }
+
+    fn finish(
+        &mut self,
+        now: Millis,
+        s: &JobStatus,
+        phase: JobPhase,
+        exit: Option<i32>,
+        why: String,
+    ) {
+        self.meter(s);
+        self.release(&s.job);
+        if let Some(job) = self.state.jobs.get_mut(&s.job) {
+            job.phase = phase;
+            job.exit_code = exit;
+            job.finished_ms = Some(now);
+            job.started_ms = job.started_ms.or(s.started_at_ms);
+            let at = job
+                .assignment
+                .as_ref()
+                .map(|a| a.site.to_string())
+                .unwrap_or_default();
+            job.why = format!("{why} on {at}");
+            job.note(now, format!("attempt {} {why} on {at}", s.attempt));
+        }
+    }
+
+    /// Makes a job that held devices pending again (its devices released).
+    fn requeue(&mut self, now: Millis, id: &JobId, why: &str) {
+        self.release(id);
+        if let Some(job) = self.state.jobs.get_mut(id) {
+            job.phase = JobPhase::Pending;
+            job.assignment = None;
+            job.offered_ms = None;
+            job.waiting_since_ms = now;
+            job.why = format!("requeued: {why}");
+            job.note(now, format!("requeued: {why}"));
+        }
+    }
+
+    fn on_tick(&mut self, now: Millis) {
+        let lost: Vec<SiteId> = self
+            .state
+            .sites
+            .values()
+            .filter(|s| s.up && now.saturating_sub(s.last_seen_ms) > self.config.site_lost_after_ms)
+            .map(|s| s.id().clone())
+            .collect();
+        for site in lost {
+            self.on_site_lost(now, &site);
+        }
+        let timed_out: Vec<(JobId, SiteId)> = self
+            .state
+            .jobs
+            .values()
+            .filter(|j| {
+                j.phase == JobPhase::Offered
+                    && j.offered_ms
+                        .is_some_and(|t| now.saturating_sub(t) > self.config.offer_timeout_ms)
+            })
+            .filter_map(|j| {
+                j.assignment
+                    .as_ref()
+                    .map(|a| (j.id.clone(), a.site.clone()))
+            })
+            .collect();
+        for (job, site) in timed_out {
+            let attempt = self.state.jobs.get(&job).map(|j| j.attempt).unwrap_or(0);
+            self.outbox.push(Command::Cancel {
+                site: site.clone(),
+                cancel: CancelAttempt {
+                    v: WIRE_VERSION,
+                    job: job.clone(),
+                    attempt,
+                    reason: "offer timed out".into(),
+                },
+            });
+            self.refuse(now, &job, &site, &format!("offer to {site} timed out"));
+        }
+        self.try_pending(now);
+    }
+
+    fn on_site_lost(&mut self, now: Millis, site: &SiteId) {
+        if let Some(s) = self.state.sites.get_mut(site) {
+            s.up = false;
+        }
+        let held: Vec<JobId> = self
+            .state
+            .jobs
+            .values()
+            .filter(|j| j.holds_devices() && j.assignment.as_ref().is_some_and(|a| &a.site == site))
+            .map(|j| j.id.clone())
+            .collect();
+        for id in held {
+            let cancel = self.state.jobs.get(&id).is_some_and(|j| j.cancel_requested);
+            if cancel {
+                self.release(&id);
+                if let Some(job) = self.state.jobs.get_mut(&id) {
+                    job.phase = JobPhase::Cancelled;
+                    job.finished_ms = Some(now);
+                    job.why = format!("cancelled; site {site} was lost");
+                    job.note(now, job.why.clone());
+                }
+            } else {
+                self.requeue(now, &id, &format!("site {site} lost (no heartbeats)"));
+            }
+        }
+        self.state.dirty = true;
+    }
+
+    /// Tries every pending job, oldest first.
+    fn try_pending(&mut self, now: Millis) {
+        let due: Vec<JobId> = self
+            .state
+            .jobs
+            .values()
+            .filter(|j| {
+                j.phase == JobPhase::Pending
+                    && (self.state.dirty
+                        || j.retry_at_ms.is_some_and(|t| t <= now)
+                        || j.refused_until.iter().any(|(_, u)| *u <= now))
+            })
+            .map(|j| j.id.clone())
+            .collect();
+        self.state.dirty = false;
+        for id in due {
+            self.try_place(now, &id);
+        }
+    }
+
+    /// Places one pending job: reserves devices and sends an offer, or records why it waits.
+    fn try_place(&mut self, now: Millis, id: &JobId) {
+        let Some(job) = self.state.jobs.get_mut(id) else {
+            return;
+        };
+        if job.phase != JobPhase::Pending {
+            return;
+        }
+        job.refused_until.retain(|(_, u)| *u > now);
+        let refused: Vec<SiteId> = job.refused_sites(now).cloned().collect();
+        let view = View {
+            sites: &self.state.sites,
+            rtt: &self.rtt,
+            regions: &self.regions,
+        };
+        let request = Request {
+            spec: &job.spec,
+            waited_ms: now.saturating_sub(job.waiting_since_ms),
+            refused: &refused,
+        };
+        let decision = placement::place(view, request, now);
+        let next_refusal = job.refused_until.iter().map(|(_, u)| *u).min();
+        match &decision.outcome {
+            Outcome::Wait(wait) => {
+                job.why = wait.to_string();
+                job.retry_at_ms = match wait {
+                    placement::Wait::Busy {
+                        burst_in_ms: Some(ms),
+                    } => Some(now + ms),
+                    _ => next_refusal,
+                };
+                job.decision = Some(decision);
+            }
+            Outcome::Place(choice) => {
+                job.attempt += 1;
+                job.phase = JobPhase::Offered;
+                job.offered_ms = Some(now);
+                job.retry_at_ms = None;
+                job.assignment = Some(Assignment {
+                    site: choice.site.clone(),
+                    pool: choice.pool.clone(),
+                    tier: choice.tier,
+                    devices: choice.devices.clone(),
+                });
+                job.estimate = Some(choice.terms.clone());
+                job.why = format!(
+                    "placed on {} ({}) by policy {}: best score among {} candidates that can run it now",
+                    choice.site,
+                    choice.tier.as_str(),
+                    decision.policy,
+                    decision
+                        .candidates
+                        .iter()
+                        .filter(|c| c.tier == choice.tier && c.terms.is_some() && !matches!(c.reject, Some(placement::Reject::Busy { .. })))
+                        .count()
+                );
+                job.note(
+                    now,
+                    format!("attempt {} offered to {}", job.attempt, choice.site),
+                );
+                let offer = Offer {
+                    v: WIRE_VERSION,
+                    job: id.clone(),
+                    attempt: job.attempt,
+                    site: choice.site.clone(),
+                    pool: choice.pool.clone(),
+                    devices: choice.devices.clone(),
+                    spec: job.spec.clone(),
+                    resume_from: job.checkpoint.clone(),
+                };
+                let (site, pool, devices) = (
+                    choice.site.clone(),
+                    choice.pool.clone(),
+                    choice.devices.clone(),
+                );
+                job.decision = Some(decision);
+                if let Some(s) = self.state.sites.get_mut(&site) {
+                    s.apply_reservation(&pool, &devices, true);
+                }
+                self.outbox.push(Command::Offer(offer));
+            }
+        }
+    }
+
+    /// Checks the invariants of broker state; returns the first one broken. Tests call it after every step.
+    pub fn sanity_check(&self) -> Result<(), String> {
+        let mut reserved: BTreeMap<(SiteId, String, u32), u32> = BTreeMap::new();
+        for job in self.state.jobs.values() {
+            match (job.holds_devices(), &job.assignment) {
+                (true, Some(a)) => {
+                    for d in &a.devices {
+                        *reserved
+                            .entry((a.site.clone(), a.pool.clone(), d.index))
+                            .or_default() += d.milli;
+                    }
+                }
+                (true, None) => {
+                    return Err(format!("{} holds devices without an assignment", job.id))
+                }
+                _ => {}
+            }
+            if job.phase.is_terminal() && job.finished_ms.is_none() {
+                return Err(format!(
+                    "{} is {:?} without a finish time",
+                    job.id, job.phase
+                ));
+            }
+        }
+        for site in self.state.sites.values() {
+            for pool in &site.pools {
+                for d in &pool.devices {
+                    let want = reserved
+                        .remove(&(site.id().clone(), pool.name.clone(), d.index))
+                        .unwrap_or(0);
+                    if d.reserved_milli != want {
+                        return Err(format!(
+                            "{}/{}/{}: reserved {} but jobs hold {want}",
+                            site.id(),
+                            pool.name,
+                            d.index,
+                            d.reserved_milli
+                        ));
+                    }
+                    if d.reserved_milli > 1000 {
+                        return Err(format!(
+                            "{}/{}/{} over-committed",
+                            site.id(),
+                            pool.name,
+                            d.index
+                        ));
+                    }
+                }
+            }
+        }
+        if let Some(((s, p, i), m)) = reserved.into_iter().next() {
+            return Err(format!("jobs hold {m} milli of unknown device {s}/{p}/{i}"));
+        }
+        Ok(())
+    }
+}

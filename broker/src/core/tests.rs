@@ -1,0 +1,563 @@
+//! Tests of placement choices, reactor scenarios and a brute-force oracle.
+
+use super::latency::RttTable;
+use super::model::Site;
+use super::placement::{place, Outcome, Reject, Request, View, Wait};
+use super::reactor::{Command, Event, Response};
+use super::testkit::*;
+use meridian_federation::*;
+use std::collections::BTreeMap;
+
+fn sites(adverts: Vec<SiteAdvert>) -> BTreeMap<SiteId, Site> {
+    adverts
+        .iter()
+        .map(|a| (a.site.id.clone(), Site::from_advert(a, 0)))
+        .collect()
+}
+
+fn choose(adverts: Vec<SiteAdvert>, spec: &JobSpec, waited_ms: u64) -> Outcome {
+    let sites = sites(adverts);
+    let rtt = RttTable::default();
+    let regions = regions();
+    let view = View {
+        sites: &sites,
+        rtt: &rtt,
+        regions: &regions,
+    };
+    place(
+        view,
+        Request {
+            spec,
+            waited_ms,
+            refused: &[],
+        },
+        0,
+    )
+    .outcome
+}
+
+fn chosen_site(o: &Outcome) -> &str {
+    match o {
+        Outcome::Place(c) => c.site.as_str(),
+        Outcome::Wait(w) => panic!("expected a placement, got wait: {w}"),
+    }
+}
+
+/// Two owned sites: A cheap and dirty, B dear and clean, C far away and mid.
+fn trio() -> Vec<SiteAdvert> {
+    vec![
+        site("a-cheap", Tier::Owned, 39.0, -77.5)
+            .gpus("A100", 8, 1.0)
+            .carbon(400)
+            .build(),
+        site("b-green", Tier::Owned, 45.6, -121.2)
+            .gpus("H100", 8, 3.0)
+            .carbon(50)
+            .build(),
+        site("c-frankfurt", Tier::Owned, 50.1, 8.7)
+            .gpus("A100", 8, 2.0)
+            .carbon(300)
+            .build(),
+    ]
+}
+
+#[test]
+fn policies_pick_their_own_best() {
+    let mut spec = job("k", 1);
+    spec.policy = Some(Policy::Cost);
+    assert_eq!(chosen_site(&choose(trio(), &spec, 0)), "a-cheap");
+    spec.policy = Some(Policy::Green);
+    assert_eq!(chosen_site(&choose(trio(), &spec, 0)), "b-green");
+    spec.policy = Some(Policy::Latency);
+    spec.users = vec![UserLocation {
+        name: None,
+        location: GeoPoint {
+            lat: 48.8,
+            lon: 2.3,
+        },
+        weight: 1.0,
+        rtt_region: None,
+    }];
+    assert_eq!(chosen_site(&choose(trio(), &spec, 0)), "c-frankfurt");
+}
+
+#[test]
+fn residency_excludes_cheaper_sites_outside_the_region() {
+    let mut spec = job("k", 1);
+    spec.policy = Some(Policy::Cost);
+    spec.constraints.residency = Some("eu".into());
+    assert_eq!(chosen_site(&choose(trio(), &spec, 0)), "c-frankfurt");
+}
+
+#[test]
+fn a_large_dataset_pulls_the_job_to_its_site() {
+    let mut adverts = trio();
+    adverts[1] = site("b-green", Tier::Owned, 45.6, -121.2)
+        .gpus("H100", 8, 3.0)
+        .carbon(50)
+        .dataset("corpus", 50_000_000_000_000)
+        .build();
+    let mut spec = job("k", 1);
+    spec.policy = Some(Policy::Cost);
+    spec.datasets = vec![DatasetNeed {
+        name: "corpus".into(),
+        size_bytes: 50_000_000_000_000,
+        locality: Locality::Prefer,
+    }];
+    assert_eq!(chosen_site(&choose(adverts.clone(), &spec, 0)), "b-green");
+    spec.datasets[0].locality = Locality::Must;
+    spec.policy = Some(Policy::Latency);
+    assert_eq!(chosen_site(&choose(adverts, &spec, 0)), "b-green");
+}
+
+#[test]
+fn cloud_waits_for_max_wait_then_bursts() {
+    let adverts = vec![
+        site("owned", Tier::Owned, 39.0, -77.5)
+            .gpus("A100", 2, 1.0)
+            .used(0, 1000)
+            .used(1, 1000)
+            .build(),
+        site("cloud", Tier::Cloud, 39.0, -77.5)
+            .gpus("A100", 8, 4.0)
+            .build(),
+    ];
+    let mut spec = job("k", 1);
+    spec.max_wait_s = 60;
+    match choose(adverts.clone(), &spec, 10_000) {
+        Outcome::Wait(Wait::Busy {
+            burst_in_ms: Some(ms),
+        }) => assert_eq!(ms, 50_000),
+        other => panic!("expected a burst wait, got {other:?}"),
+    }
+    assert_eq!(chosen_site(&choose(adverts, &spec, 60_000)), "cloud");
+}
+
+#[test]
+fn owned_capacity_is_used_before_cheaper_cloud() {
+    let adverts = vec![
+        site("owned", Tier::Owned, 39.0, -77.5)
+            .gpus("A100", 2, 5.0)
+            .build(),
+        site("cloud", Tier::Cloud, 39.0, -77.5)
+            .gpus("A100", 8, 1.0)
+            .build(),
+    ];
+    let mut spec = job("k", 1);
+    spec.policy = Some(Policy::Cost);
+    assert_eq!(chosen_site(&choose(adverts, &spec, 0)), "owned");
+}
+
+#[test]
+fn hard_limits_name_the_nearest_miss() {
+    let mut spec = job("k", 16);
+    spec.constraints.price_cap_micro_usd_per_hour = Some(500_000);
+    match choose(trio(), &spec, 0) {
+        Outcome::Wait(Wait::NoSiteFits {
+            nearest_miss: Some((_, why)),
+        }) => assert!(why.contains("needs 16"), "{why}"),
+        other => panic!("expected no fit, got {other:?}"),
+    }
+    spec.resources.count = 1;
+    spec.resources.models = vec!["V100".into()];
+    assert!(matches!(
+        choose(trio(), &spec, 0),
+        Outcome::Wait(Wait::NoSiteFits { .. })
+    ));
+}
+
+#[test]
+fn milli_shares_pack_onto_the_fullest_device_that_fits() {
+    let adverts = vec![site("s", Tier::Owned, 0.0, 0.0)
+        .gpus("T4", 3, 1.0)
+        .used(1, 600)
+        .used(2, 300)
+        .build()];
+    let mut spec = job("k", 0);
+    spec.resources.milli = Some(400);
+    match choose(adverts, &spec, 0) {
+        Outcome::Place(c) => assert_eq!(
+            c.devices,
+            vec![DeviceShare {
+                index: 1,
+                milli: 400
+            }]
+        ),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn every_candidate_is_explained() {
+    let mut adverts = trio();
+    adverts.push(
+        site("cloud", Tier::Cloud, 0.0, 0.0)
+            .gpus("A100", 4, 1.0)
+            .build(),
+    );
+    let sites = sites(adverts);
+    let (rtt, regions) = (RttTable::default(), regions());
+    let mut spec = job("k", 1);
+    spec.constraints.residency = Some("eu".into());
+    let d = place(
+        View {
+            sites: &sites,
+            rtt: &rtt,
+            regions: &regions,
+        },
+        Request {
+            spec: &spec,
+            waited_ms: 0,
+            refused: &[],
+        },
+        0,
+    );
+    assert_eq!(d.candidates.len(), 4);
+    let rejected: Vec<String> = d
+        .candidates
+        .iter()
+        .filter_map(|c| c.reject.as_ref().map(|r| format!("{}: {r}", c.site)))
+        .collect();
+    assert_eq!(rejected.len(), 3, "{rejected:?}");
+    assert!(
+        rejected
+            .iter()
+            .all(|r| r.contains("outside residency region eu")),
+        "{rejected:?}"
+    );
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// Reactor scenarios
+
+#[test]
+fn submit_offer_accept_run_succeed() {
+    let mut env = TestEnv::new(trio());
+    let id = env.submit(job("k1", 2));
+    let offers = env.take_offers();
+    assert_eq!(offers.len(), 1);
+    assert_eq!(env.phase(&id), JobPhase::Offered);
+    env.answer(&offers[0], OfferOutcome::Accepted);
+    env.status(&offers[0], AttemptState::Running, 0);
+    assert_eq!(env.phase(&id), JobPhase::Running);
+    env.status(
+        &offers[0],
+        AttemptState::Succeeded { exit_code: 0 },
+        3_600_000,
+    );
+    let job = &env.reactor.state.jobs[&id];
+    assert_eq!(job.phase, JobPhase::Succeeded);
+    assert!(job.metered.cost_micro_usd > 0);
+    // A repeated status changes nothing.
+    env.status(
+        &offers[0],
+        AttemptState::Succeeded { exit_code: 0 },
+        3_600_000,
+    );
+    assert_eq!(env.reactor.state.jobs[&id].metered, job_metered(&env, &id));
+}
+
+fn job_metered(env: &TestEnv, id: &JobId) -> Amounts {
+    env.reactor.state.jobs[id].metered
+}
+
+#[test]
+fn a_refusal_moves_the_job_to_the_next_site() {
+    let mut env = TestEnv::new(trio());
+    let id = env.submit(job("k1", 1));
+    let first = env.take_offers().remove(0);
+    env.answer(
+        &first,
+        OfferOutcome::Rejected {
+            reason: "devices busy".into(),
+        },
+    );
+    let second = env.take_offers().remove(0);
+    assert_ne!(second.site, first.site);
+    assert_eq!(second.attempt, first.attempt + 1);
+    assert_eq!(env.phase(&id), JobPhase::Offered);
+}
+
+#[test]
+fn an_unanswered_offer_times_out_and_is_withdrawn() {
+    let mut env = TestEnv::new(trio());
+    env.submit(job("k1", 1));
+    let first = env.take_offers().remove(0);
+    for s in ["a-cheap", "b-green", "c-frankfurt"] {
+        env.heartbeat(s);
+    }
+    env.advance(6_000);
+    let second = env.take_offers().remove(0);
+    assert_ne!(second.site, first.site);
+    assert!(env
+        .sent
+        .iter()
+        .any(|c| matches!(c, Command::Cancel { site, .. } if *site == first.site)));
+    // The late acceptance of the first offer is answered with a cancel.
+    env.sent.clear();
+    env.answer(&first, OfferOutcome::Accepted);
+    assert!(matches!(&env.sent[..], [Command::Cancel { site, .. }] if *site == first.site));
+}
+
+#[test]
+fn a_lost_site_requeues_its_jobs_elsewhere() {
+    let mut env = TestEnv::new(trio());
+    let id = env.submit(job("k1", 1));
+    let first = env.take_offers().remove(0);
+    env.answer(&first, OfferOutcome::Accepted);
+    // Every site but the job's keeps beating.
+    for _ in 0..12 {
+        for s in ["a-cheap", "b-green", "c-frankfurt"] {
+            if s != first.site.as_str() {
+                env.heartbeat(s);
+            }
+        }
+        env.advance(1_000);
+    }
+    assert!(!env.reactor.state.sites[&first.site].up);
+    let second = env.take_offers().remove(0);
+    assert_ne!(second.site, first.site);
+    assert_eq!(env.phase(&id), JobPhase::Offered);
+    // When the lost site returns and still reports the old attempt, it is told to stop it.
+    env.sent.clear();
+    env.status(&first, AttemptState::Running, 1);
+    assert!(
+        matches!(&env.sent[..], [Command::Cancel { cancel, .. }] if cancel.attempt == first.attempt)
+    );
+}
+
+#[test]
+fn cancel_pending_and_running_jobs() {
+    let mut env = TestEnv::new(vec![site("s", Tier::Owned, 0.0, 0.0)
+        .gpus("A100", 1, 1.0)
+        .build()]);
+    let a = env.submit(job("a", 1));
+    let b = env.submit(job("b", 1));
+    assert_eq!(env.phase(&b), JobPhase::Pending);
+    env.step(Event::Cancel(b.clone()));
+    assert_eq!(env.phase(&b), JobPhase::Cancelled);
+    let offer = env.take_offers().remove(0);
+    env.answer(&offer, OfferOutcome::Accepted);
+    env.step(Event::Cancel(a.clone()));
+    assert_eq!(env.phase(&a), JobPhase::Cancelling);
+    env.status(
+        &offer,
+        AttemptState::Cancelled {
+            reason: "user".into(),
+        },
+        10,
+    );
+    assert_eq!(env.phase(&a), JobPhase::Cancelled);
+}
+
+#[test]
+fn resubmission_with_the_same_key_returns_the_first_job() {
+    let mut env = TestEnv::new(trio());
+    let first = env.submit(job("same", 1));
+    match env.step(Event::Submit(job("same", 1))) {
+        Response::Submitted(r) => {
+            assert_eq!(r.job, first);
+            assert!(!r.created);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(env.reactor.state.jobs.len(), 1);
+    let err = env
+        .reactor
+        .step(env.now, Event::Submit(job("same", 2)))
+        .expect_err("different spec");
+    assert_eq!(err.code(), ErrorCode::Conflict);
+}
+
+#[test]
+fn drained_sites_get_no_new_work() {
+    let mut env = TestEnv::new(trio());
+    env.step(Event::Drain {
+        site: SiteId::new("a-cheap").unwrap_or_else(|e| panic!("{e}")),
+        drain: true,
+    });
+    let mut spec = job("k", 1);
+    spec.policy = Some(Policy::Cost);
+    env.submit(spec);
+    assert_ne!(env.take_offers()[0].site.as_str(), "a-cheap");
+}
+
+#[test]
+fn waiting_jobs_start_when_capacity_frees() {
+    let mut env = TestEnv::new(vec![site("s", Tier::Owned, 0.0, 0.0)
+        .gpus("A100", 1, 1.0)
+        .build()]);
+    env.submit(job("a", 1));
+    let b = env.submit(job("b", 1));
+    let a_offer = env.take_offers().remove(0);
+    env.answer(&a_offer, OfferOutcome::Accepted);
+    assert!(
+        env.reactor.state.jobs[&b].why.contains("busy"),
+        "{}",
+        env.reactor.state.jobs[&b].why
+    );
+    env.status(&a_offer, AttemptState::Succeeded { exit_code: 0 }, 5);
+    env.heartbeat("s");
+    env.advance(100);
+    assert_eq!(env.take_offers().len(), 1);
+    assert_eq!(env.phase(&b), JobPhase::Offered);
+}
+
+#[test]
+fn unknown_residency_is_refused_before_the_journal() {
+    let mut env = TestEnv::new(trio());
+    let before = env.reactor.journal().records.len();
+    let mut spec = job("k", 1);
+    spec.constraints.residency = Some("mars".into());
+    let err = env
+        .reactor
+        .step(env.now, Event::Submit(spec))
+        .expect_err("unknown region");
+    assert_eq!(err.field().as_deref(), Some("constraints.residency"));
+    assert_eq!(env.reactor.journal().records.len(), before);
+}
+
+#[test]
+fn replaying_the_journal_rebuilds_the_same_state() {
+    let mut env = TestEnv::new(trio());
+    for i in 0..6 {
+        env.submit(job(&format!("k{i}"), 3));
+    }
+    let offers = env.take_offers();
+    env.answer(&offers[0], OfferOutcome::Accepted);
+    env.answer(
+        &offers[1],
+        OfferOutcome::Rejected {
+            reason: "no".into(),
+        },
+    );
+    env.status(&offers[0], AttemptState::Succeeded { exit_code: 0 }, 1000);
+    env.advance(20_000);
+    let mut fresh = super::reactor::Reactor::new(
+        env.reactor.config.clone(),
+        RttTable::default(),
+        regions(),
+        super::journal::MemoryJournal::default(),
+    );
+    fresh.replay(&env.reactor.journal().records);
+    assert_eq!(fresh.state.jobs, env.reactor.state.jobs);
+    assert_eq!(fresh.state.sites, env.reactor.state.sites);
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// Oracle: the placer never breaks a hard constraint, respects the tier order, and under the cost policy never
+// loses to a brute-force scan of every site on its own objective.
+
+mod oracle {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn arb_site(i: usize) -> impl Strategy<Value = SiteAdvert> {
+        (
+            0usize..3,
+            -60.0f64..60.0,
+            -170.0f64..170.0,
+            1u32..6,
+            0u32..6,
+            1u32..50,
+            0u32..800,
+        )
+            .prop_map(move |(tier, lat, lon, count, busy, price, carbon)| {
+                let tier = Tier::ALL[tier];
+                let mut b = site(&format!("s{i}"), tier, lat, lon)
+                    .gpus(
+                        if i % 2 == 0 { "A100" } else { "H100" },
+                        count,
+                        f64::from(price) / 10.0,
+                    )
+                    .carbon(carbon);
+                for d in 0..busy.min(count) {
+                    b = b.used(d as usize, 1000);
+                }
+                b.build()
+            })
+    }
+
+    fn arb_sites() -> impl Strategy<Value = Vec<SiteAdvert>> {
+        (1usize..7).prop_flat_map(|n| (0..n).map(arb_site).collect::<Vec<_>>())
+    }
+
+    proptest! {
+        #[test]
+        fn never_breaks_a_hard_constraint_and_beats_brute_force(
+            adverts in arb_sites(),
+            count in 1u32..4,
+            cap in proptest::option::of(1u64..50),
+            eu in any::<bool>(),
+            model in proptest::option::of(0usize..2),
+            waited in 0u64..2,
+        ) {
+            let mut spec = job("k", count);
+            spec.policy = Some(Policy::Cost);
+            spec.max_wait_s = 1;
+            spec.constraints.price_cap_micro_usd_per_hour = cap.map(|c| c * 100_000);
+            spec.constraints.residency = eu.then(|| "eu".to_string());
+            spec.resources.models = model.map(|m| vec![["A100", "H100"][m].to_string()]).unwrap_or_default();
+            let regions = regions();
+            // Brute force: every site that satisfies every constraint and has the devices free now.
+            let feasible: Vec<(Tier, u64, String)> = adverts.iter().filter_map(|a| {
+                let p = &a.pools[0];
+                let free = p.devices.iter().filter(|d| d.used_milli == 0).count() as u32;
+                let ok = free >= count
+                    && cap.is_none_or(|c| p.price_micro_usd_per_hour <= c * 100_000)
+                    && (!eu || regions.contains("eu", a.site.location) == Some(true))
+                    && spec.resources.models.iter().all(|m| *m == p.model);
+                ok.then(|| (a.site.tier, p.price_micro_usd_per_hour, a.site.id.to_string()))
+            }).collect();
+            let outcome = choose(adverts.clone(), &spec, waited * 1000);
+            let best_tier = feasible.iter().map(|f| f.0).min();
+            match (&outcome, best_tier) {
+                (Outcome::Place(c), Some(t)) => {
+                    let me = feasible.iter().find(|f| f.2 == c.site.as_str());
+                    prop_assert!(me.is_some(), "chose {} which breaks a constraint", c.site);
+                    prop_assert_eq!(c.tier, t, "tier order broken");
+                    if t == Tier::Cloud {
+                        prop_assert!(waited >= 1, "burst before max_wait");
+                    }
+                    let best_price = feasible.iter().filter(|f| f.0 == t).map(|f| f.1).min();
+                    prop_assert_eq!(Some(me.map(|m| m.1).unwrap_or(0)), best_price);
+                    prop_assert_eq!(c.devices.len() as u32, count);
+                }
+                (Outcome::Wait(_), None) => {}
+                (Outcome::Wait(_), Some(Tier::Cloud)) => prop_assert!(waited == 0),
+                (o, t) => prop_assert!(false, "placer {:?} vs brute force tier {:?}", o, t),
+            }
+        }
+    }
+}
+
+#[test]
+fn busy_candidates_say_how_much_is_free() {
+    let adverts = vec![site("s", Tier::Owned, 0.0, 0.0)
+        .gpus("A100", 2, 1.0)
+        .used(0, 1000)
+        .build()];
+    let sites = sites(adverts);
+    let (rtt, regions) = (RttTable::default(), regions());
+    let spec = job("k", 2);
+    let d = place(
+        View {
+            sites: &sites,
+            rtt: &rtt,
+            regions: &regions,
+        },
+        Request {
+            spec: &spec,
+            waited_ms: 0,
+            refused: &[],
+        },
+        0,
+    );
+    assert!(matches!(
+        d.candidates[0].reject,
+        Some(Reject::Busy {
+            free_milli: 1000,
+            needs_milli: 2000
+        })
+    ));
+}
