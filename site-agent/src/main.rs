@@ -1,1 +1,109 @@
-fn main() {}
+//! `meridian-agent`: the daemon at each site.
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use meridian_agent::{config, runtime};
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Parser, Debug)]
+#[command(name = "meridian-agent", version, about = "Meridian site agent")]
+struct Cli {
+    /// Site file (TOML).
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+    /// NATS server URL; overrides the site file.
+    #[arg(long, env = "MERIDIAN_NATS")]
+    nats: Option<String>,
+    /// Folder for job logs and records; overrides the site file.
+    #[arg(long)]
+    work_dir: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Option<Cmd>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Internal: supervise one job's process group (started by the agent itself).
+    #[command(hide = true)]
+    Shim {
+        #[arg(long)]
+        grace_ms: u64,
+        #[arg(long)]
+        pgid_file: PathBuf,
+        #[arg(last = true)]
+        argv: Vec<String>,
+    },
+    /// Print what the device probes find, as JSON.
+    Probe,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Some(Cmd::Shim {
+            grace_ms,
+            pgid_file,
+            argv,
+        }) => {
+            let code = meridian_adapters::local::shim_main(
+                Duration::from_millis(grace_ms),
+                &pgid_file,
+                &argv,
+            );
+            std::process::exit(code);
+        }
+        Some(Cmd::Probe) => {
+            use meridian_adapters::probe::{group_into_pools, DeviceProbe, NvmlProbe};
+            match NvmlProbe.probe() {
+                Ok(devices) => {
+                    for p in group_into_pools(&devices) {
+                        println!(
+                            "{{\"vendor\":{:?},\"model\":{:?},\"memory_mib\":{},\"count\":{},\"power_watts\":{}}}",
+                            p.vendor,
+                            p.model,
+                            p.memory_mib,
+                            p.indices.len(),
+                            p.power_watts.map(|w| w.to_string()).unwrap_or_else(|| "null".into())
+                        );
+                    }
+                    Ok(())
+                }
+                Err(e) => {
+                    eprintln!("{e}");
+                    std::process::exit(1);
+                }
+            }
+        }
+        None => {
+            tracing_subscriber::fmt()
+                .with_env_filter(
+                    tracing_subscriber::EnvFilter::try_from_default_env()
+                        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                )
+                .with_target(false)
+                .init();
+            let path = cli.config.context("--config FILE is required")?;
+            let text = std::fs::read_to_string(&path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            let site = config::parse_site_file(&text)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            let nats_url = cli.nats.unwrap_or_else(|| site.agent.nats_url.clone());
+            let work_dir = cli
+                .work_dir
+                .or_else(|| site.agent.work_dir.clone())
+                .unwrap_or_else(|| {
+                    std::env::temp_dir().join(format!("meridian-agent-{}", site.id))
+                });
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?;
+            rt.block_on(runtime::run(runtime::AgentOptions {
+                site,
+                nats_url,
+                work_dir,
+            }))
+        }
+    }
+}

@@ -1,0 +1,278 @@
+//! The site file: one TOML document that describes a site and its agent. Parsing is a pure function.
+
+use meridian_federation::{
+    AcceleratorKind, Carbon, Dataset, DeviceState, GeoPoint, Interconnect, PoolAdvert, Sharing,
+    SiteId, SiteInfo, SiteKind, Tier,
+};
+use serde::Deserialize;
+use std::path::PathBuf;
+
+/// A site file. Money is written in USD here, for people; the wire carries micro-USD.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SiteFile {
+    /// Site id: 1-64 of `A-Z a-z 0-9 _ -`.
+    pub id: SiteId,
+    pub kind: SiteKind,
+    /// Spill-over tier: `owned`, `partner` or `cloud`.
+    pub tier: Tier,
+    pub latitude: f64,
+    pub longitude: f64,
+    #[serde(default)]
+    pub region_tags: Vec<String>,
+    /// Name of the site's region in the measured round-trip table (an Azure region id).
+    #[serde(default)]
+    pub rtt_region: Option<String>,
+    /// Power usage effectiveness.
+    pub pue: f64,
+    /// Grid carbon intensity, gCO2e/kWh.
+    pub carbon_g_per_kwh: u32,
+    /// Hourly forecast (gCO2e/kWh) starting at the hour the agent starts; optional.
+    #[serde(default)]
+    pub carbon_forecast: Vec<u32>,
+    /// Energy tariff, USD/kWh.
+    #[serde(default)]
+    pub energy_usd_per_kwh: f64,
+    /// Egress price, USD/GB.
+    #[serde(default)]
+    pub egress_usd_per_gb: f64,
+    #[serde(default)]
+    pub datasets: Vec<DatasetEntry>,
+    pub pools: Vec<PoolEntry>,
+    #[serde(default)]
+    pub agent: AgentSettings,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetEntry {
+    pub name: String,
+    pub size_gb: f64,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolEntry {
+    pub name: String,
+    pub kind: AcceleratorKind,
+    pub vendor: String,
+    pub model: String,
+    pub memory_gib: f64,
+    pub count: u32,
+    #[serde(default = "one")]
+    pub devices_per_node: u32,
+    #[serde(default)]
+    pub interconnect: Interconnect,
+    /// Rated power per device, watts.
+    pub power_watts: u32,
+    /// Whether devices may be shared in milli-units.
+    #[serde(default)]
+    pub shareable: bool,
+    #[serde(default)]
+    pub mig_profiles: Vec<String>,
+    /// Price per device-hour, USD (on-demand for cloud sites, the internal rate for owned ones).
+    pub price_usd_per_hour: f64,
+    #[serde(default)]
+    pub spot_price_usd_per_hour: Option<f64>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// How the agent behaves; every field has a default.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentSettings {
+    /// NATS server URL (the command line's `--nats` wins).
+    pub nats_url: String,
+    /// Folder for job logs and process-group records (the command line's `--work-dir` wins).
+    pub work_dir: Option<PathBuf>,
+    /// Heartbeat period, ms.
+    pub heartbeat_ms: u64,
+    /// Period of adverts sent even when nothing changed, ms.
+    pub advert_interval_ms: u64,
+    /// Time a cancelled job gets between SIGTERM and SIGKILL, ms.
+    pub grace_ms: u64,
+    /// Ask NVML for NVIDIA GPUs at start (`auto`) or never (`off`).
+    pub nvml: NvmlMode,
+    /// Stop taking new work (running work finishes).
+    pub draining: bool,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NvmlMode {
+    #[default]
+    Auto,
+    Off,
+}
+
+impl Default for AgentSettings {
+    fn default() -> Self {
+        AgentSettings {
+            nats_url: "nats://127.0.0.1:4222".into(),
+            work_dir: None,
+            heartbeat_ms: 1000,
+            advert_interval_ms: 10_000,
+            grace_ms: 3000,
+            nvml: NvmlMode::Auto,
+            draining: false,
+        }
+    }
+}
+
+fn usd_to_micro(field: &str, usd: f64) -> Result<u64, String> {
+    if !usd.is_finite() || usd < 0.0 || usd > 1e6 {
+        return Err(format!("{field}: {usd} is not a price in 0..=1000000 USD"));
+    }
+    Ok((usd * 1e6).round() as u64)
+}
+
+/// Parses and checks a site file. Errors name the line and field.
+pub fn parse_site_file(text: &str) -> Result<SiteFile, String> {
+    let file: SiteFile = toml::from_str(text).map_err(|e| e.to_string())?;
+    // The advert's validation is the one set of rules for site data; check it here too, at start.
+    let advert = file.advert(0, 0)?;
+    meridian_federation::validate::Validate::validate(&advert).map_err(|e| e.to_string())?;
+    Ok(file)
+}
+
+impl SiteFile {
+    pub fn site_info(&self, forecast_start_ms: u64) -> Result<SiteInfo, String> {
+        Ok(SiteInfo {
+            id: self.id.clone(),
+            kind: self.kind,
+            tier: self.tier,
+            location: GeoPoint {
+                lat: self.latitude,
+                lon: self.longitude,
+            },
+            region_tags: self.region_tags.clone(),
+            rtt_region: self.rtt_region.clone(),
+            pue: self.pue,
+            carbon: Carbon {
+                g_per_kwh: self.carbon_g_per_kwh,
+                forecast_start_ms,
+                forecast: self.carbon_forecast.clone(),
+            },
+            energy_micro_usd_per_kwh: usd_to_micro("energy_usd_per_kwh", self.energy_usd_per_kwh)?,
+            egress_micro_usd_per_gb: usd_to_micro("egress_usd_per_gb", self.egress_usd_per_gb)?,
+            datasets: self
+                .datasets
+                .iter()
+                .map(|d| Dataset {
+                    name: d.name.clone(),
+                    size_bytes: (d.size_gb.max(0.0) * 1e9) as u64,
+                })
+                .collect(),
+        })
+    }
+
+    /// The declared pools, all devices free and healthy.
+    pub fn pools(&self) -> Result<Vec<PoolAdvert>, String> {
+        self.pools
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                Ok(PoolAdvert {
+                    name: p.name.clone(),
+                    kind: p.kind,
+                    vendor: p.vendor.clone(),
+                    model: p.model.clone(),
+                    memory_mib: (p.memory_gib.max(0.0) * 1024.0) as u64,
+                    count: p.count,
+                    devices_per_node: p.devices_per_node,
+                    interconnect: p.interconnect,
+                    power_watts: p.power_watts,
+                    measured_power_watts: None,
+                    sharing: Sharing {
+                        milli: p.shareable,
+                        mig_profiles: p.mig_profiles.clone(),
+                    },
+                    price_micro_usd_per_hour: usd_to_micro(
+                        &format!("pools[{i}].price_usd_per_hour"),
+                        p.price_usd_per_hour,
+                    )?,
+                    spot_price_micro_usd_per_hour: p
+                        .spot_price_usd_per_hour
+                        .map(|s| usd_to_micro(&format!("pools[{i}].spot_price_usd_per_hour"), s))
+                        .transpose()?,
+                    devices: (0..p.count)
+                        .map(|index| DeviceState {
+                            index,
+                            healthy: true,
+                            used_milli: 0,
+                        })
+                        .collect(),
+                })
+            })
+            .collect()
+    }
+
+    /// An advert of the declared inventory.
+    pub fn advert(
+        &self,
+        generation: u64,
+        now_ms: u64,
+    ) -> Result<meridian_federation::SiteAdvert, String> {
+        Ok(meridian_federation::SiteAdvert {
+            v: meridian_federation::WIRE_VERSION,
+            site: self.site_info(now_ms - now_ms % 3_600_000)?,
+            pools: self.pools()?,
+            generation,
+            draining: self.agent.draining,
+            sent_at_ms: now_ms,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SITE: &str = r#"
+id = "edge-fra"
+kind = "edge"
+tier = "owned"
+latitude = 50.11
+longitude = 8.68
+pue = 1.6
+carbon_g_per_kwh = 380
+egress_usd_per_gb = 0.05
+
+[[pools]]
+name = "l4"
+kind = "gpu"
+vendor = "nvidia"
+model = "L4"
+memory_gib = 24
+count = 2
+power_watts = 72
+shareable = true
+price_usd_per_hour = 0.8
+"#;
+
+    #[test]
+    fn parses_a_site() {
+        let f = parse_site_file(SITE).expect("valid");
+        let a = f.advert(1, 7_200_123).expect("advert");
+        assert_eq!(a.pools[0].price_micro_usd_per_hour, 800_000);
+        assert_eq!(a.pools[0].memory_mib, 24 * 1024);
+        assert_eq!(a.site.egress_micro_usd_per_gb, 50_000);
+        assert_eq!(a.site.carbon.forecast_start_ms, 7_200_000);
+    }
+
+    #[test]
+    fn errors_name_the_problem() {
+        let err = parse_site_file(&SITE.replace("latitude = 50.11", "latitude = 200.0"))
+            .expect_err("lat");
+        assert!(err.contains("site.location.lat"), "{err}");
+        let err =
+            parse_site_file(&SITE.replace("kind = \"gpu\"", "kind = \"tpu\"")).expect_err("kind");
+        assert!(err.contains("tpu"), "{err}");
+        let err = parse_site_file(&SITE.replace("pue = 1.6", "pue = 1.6\ncolour = 3"))
+            .expect_err("unknown");
+        assert!(err.contains("colour"), "{err}");
+    }
+}

@@ -1,0 +1,313 @@
+//! The agent's pure core: which devices are in use and what it answered to each offer. An offer repeated for
+//! the same job and attempt gets the same answer and never a second run.
+
+use meridian_federation::{
+    AttemptRef, JobId, Offer, OfferOutcome, OfferReply, PoolAdvert, SiteAdvert, SiteInfo,
+    WIRE_VERSION,
+};
+use std::collections::BTreeMap;
+
+/// How many finished attempts are remembered for answering repeats.
+const REMEMBERED: usize = 10_000;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Attempt {
+    pub reply: OfferReply,
+    pub pool: String,
+    pub devices: Vec<meridian_federation::DeviceShare>,
+    /// Holds devices (accepted and not yet finished).
+    pub active: bool,
+    pub finished_seq: Option<u64>,
+}
+
+#[derive(Clone, Debug)]
+pub struct AgentCore {
+    pub info: SiteInfo,
+    pub pools: Vec<PoolAdvert>,
+    pub generation: u64,
+    pub draining: bool,
+    attempts: BTreeMap<(JobId, u32), Attempt>,
+    finished: u64,
+}
+
+impl AgentCore {
+    pub fn new(info: SiteInfo, pools: Vec<PoolAdvert>, draining: bool) -> Self {
+        AgentCore {
+            info,
+            pools,
+            generation: 1,
+            draining,
+            attempts: BTreeMap::new(),
+            finished: 0,
+        }
+    }
+
+    pub fn advert(&self, now_ms: u64) -> SiteAdvert {
+        SiteAdvert {
+            v: WIRE_VERSION,
+            site: self.info.clone(),
+            pools: self.pools.clone(),
+            generation: self.generation,
+            draining: self.draining,
+            sent_at_ms: now_ms,
+        }
+    }
+
+    /// Attempts holding devices here.
+    pub fn running(&self) -> Vec<AttemptRef> {
+        self.attempts
+            .iter()
+            .filter(|(_, a)| a.active)
+            .map(|((job, attempt), _)| AttemptRef {
+                job: job.clone(),
+                attempt: *attempt,
+            })
+            .collect()
+    }
+
+    /// Answers an offer. Returns the reply and whether the attempt must be started now (only the first time).
+    pub fn on_offer(&mut self, offer: &Offer) -> (OfferReply, bool) {
+        let key = (offer.job.clone(), offer.attempt);
+        if let Some(a) = self.attempts.get(&key) {
+            return (a.reply.clone(), false);
+        }
+        let outcome = match self.check(offer) {
+            Ok(()) => OfferOutcome::Accepted,
+            Err(reason) => OfferOutcome::Rejected { reason },
+        };
+        let accepted = outcome == OfferOutcome::Accepted;
+        if accepted {
+            self.use_devices(&offer.pool, &offer.devices, true);
+        }
+        let reply = OfferReply {
+            v: WIRE_VERSION,
+            job: offer.job.clone(),
+            attempt: offer.attempt,
+            outcome,
+        };
+        self.attempts.insert(
+            key,
+            Attempt {
+                reply: reply.clone(),
+                pool: offer.pool.clone(),
+                devices: offer.devices.clone(),
+                active: accepted,
+                finished_seq: (!accepted).then_some(self.finished),
+            },
+        );
+        self.forget_old();
+        (reply, accepted)
+    }
+
+    fn check(&self, offer: &Offer) -> Result<(), String> {
+        if offer.site != self.info.id {
+            return Err(format!(
+                "offer is for site {}, this is {}",
+                offer.site, self.info.id
+            ));
+        }
+        if self.draining {
+            return Err("site is draining".into());
+        }
+        let pool = self
+            .pools
+            .iter()
+            .find(|p| p.name == offer.pool)
+            .ok_or_else(|| format!("no pool {}", offer.pool))?;
+        if pool.kind != offer.spec.resources.kind {
+            return Err(format!(
+                "pool {} holds {} devices",
+                pool.name,
+                pool.kind.as_str()
+            ));
+        }
+        for share in &offer.devices {
+            let d = pool
+                .devices
+                .iter()
+                .find(|d| d.index == share.index)
+                .ok_or_else(|| format!("no device {} in pool {}", share.index, pool.name))?;
+            if !d.healthy {
+                return Err(format!("device {} is unhealthy", d.index));
+            }
+            if d.used_milli + share.milli > 1000 {
+                return Err(format!(
+                    "device {} has {} milli free, offer needs {}",
+                    d.index,
+                    1000 - d.used_milli,
+                    share.milli
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn use_devices(&mut self, pool: &str, devices: &[meridian_federation::DeviceShare], add: bool) {
+        if let Some(p) = self.pools.iter_mut().find(|p| p.name == pool) {
+            for share in devices {
+                if let Some(d) = p.devices.iter_mut().find(|d| d.index == share.index) {
+                    d.used_milli = if add {
+                        (d.used_milli + share.milli).min(1000)
+                    } else {
+                        d.used_milli.saturating_sub(share.milli)
+                    };
+                }
+            }
+        }
+        self.generation += 1;
+    }
+
+    /// The attempt ended; its devices are free again.
+    pub fn on_finished(&mut self, job: &JobId, attempt: u32) {
+        let key = (job.clone(), attempt);
+        let Some(a) = self.attempts.get_mut(&key) else {
+            return;
+        };
+        if !a.active {
+            return;
+        }
+        a.active = false;
+        a.finished_seq = Some(self.finished);
+        self.finished += 1;
+        let (pool, devices) = (a.pool.clone(), a.devices.clone());
+        self.use_devices(&pool, &devices, false);
+    }
+
+    pub fn is_active(&self, job: &JobId, attempt: u32) -> bool {
+        self.attempts
+            .get(&(job.clone(), attempt))
+            .is_some_and(|a| a.active)
+    }
+
+    pub fn attempt(&self, job: &JobId, attempt: u32) -> Option<&Attempt> {
+        self.attempts.get(&(job.clone(), attempt))
+    }
+
+    pub fn set_draining(&mut self, draining: bool) {
+        if self.draining != draining {
+            self.draining = draining;
+            self.generation += 1;
+        }
+    }
+
+    fn forget_old(&mut self) {
+        if self.attempts.len() <= REMEMBERED {
+            return;
+        }
+        let cutoff = self.finished.saturating_sub(REMEMBERED as u64 / 2);
+        self.attempts
+            .retain(|_, a| a.active || a.finished_seq.is_none_or(|s| s >= cutoff));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::parse_site_file;
+    use meridian_federation::*;
+
+    fn core() -> AgentCore {
+        let f = parse_site_file(
+            r#"
+id = "s"
+kind = "datacenter"
+tier = "owned"
+latitude = 1.0
+longitude = 1.0
+pue = 1.2
+carbon_g_per_kwh = 100
+[[pools]]
+name = "gpu"
+kind = "gpu"
+vendor = "nvidia"
+model = "A100"
+memory_gib = 80
+count = 2
+power_watts = 400
+shareable = true
+price_usd_per_hour = 1.0
+"#,
+        )
+        .expect("site");
+        AgentCore::new(
+            f.site_info(0).expect("info"),
+            f.pools().expect("pools"),
+            false,
+        )
+    }
+
+    fn offer(job: &str, attempt: u32, index: u32, milli: u32) -> Offer {
+        Offer {
+            v: 1,
+            job: JobId::new(job).expect("id"),
+            attempt,
+            site: SiteId::new("s").expect("id"),
+            pool: "gpu".into(),
+            devices: vec![DeviceShare { index, milli }],
+            spec: JobSpec {
+                v: 1,
+                tenant: TenantId::new("t").expect("id"),
+                idempotency_key: job.into(),
+                name: None,
+                kind: JobKind::Batch,
+                queue: None,
+                priority: None,
+                resources: Resources {
+                    kind: AcceleratorKind::Gpu,
+                    models: vec![],
+                    count: 1,
+                    milli: None,
+                    memory_mib: None,
+                },
+                replicas: 1,
+                duration_s: None,
+                max_wait_s: 0,
+                checkpointable: false,
+                constraints: Constraints::default(),
+                users: vec![],
+                datasets: vec![],
+                policy: None,
+                run: RunSpec {
+                    command: "true".into(),
+                    ..RunSpec::default()
+                },
+            },
+            resume_from: None,
+        }
+    }
+
+    #[test]
+    fn a_repeated_offer_gets_the_same_answer_and_no_second_start() {
+        let mut c = core();
+        let (r1, start1) = c.on_offer(&offer("j1", 1, 0, 1000));
+        let (r2, start2) = c.on_offer(&offer("j1", 1, 0, 1000));
+        assert_eq!(r1.outcome, OfferOutcome::Accepted);
+        assert_eq!(r1, r2);
+        assert!(start1 && !start2);
+        assert_eq!(c.pools[0].devices[0].used_milli, 1000);
+    }
+
+    #[test]
+    fn offers_beyond_free_capacity_are_refused_with_a_reason() {
+        let mut c = core();
+        c.on_offer(&offer("j1", 1, 0, 600));
+        let (r, start) = c.on_offer(&offer("j2", 1, 0, 600));
+        assert!(!start);
+        assert!(
+            matches!(r.outcome, OfferOutcome::Rejected { ref reason } if reason.contains("400 milli free"))
+        );
+        let (r, _) = c.on_offer(&offer("j3", 1, 0, 400));
+        assert_eq!(r.outcome, OfferOutcome::Accepted);
+        c.on_finished(&JobId::new("j1").expect("id"), 1);
+        assert_eq!(c.pools[0].devices[0].used_milli, 400);
+        assert_eq!(c.running().len(), 1);
+    }
+
+    #[test]
+    fn a_draining_site_refuses_new_work() {
+        let mut c = core();
+        c.set_draining(true);
+        let (r, _) = c.on_offer(&offer("j1", 1, 0, 1000));
+        assert!(matches!(r.outcome, OfferOutcome::Rejected { .. }));
+    }
+}

@@ -1,0 +1,506 @@
+//! The agent's async shell: one NATS connection, one loop that feeds the pure core, the local-process adapter
+//! for execution, and a status sender that repeats each update until the broker acknowledges it, in order.
+
+use crate::config::{NvmlMode, SiteFile};
+use crate::core::AgentCore;
+use anyhow::Context;
+use bytes::Bytes;
+use futures::StreamExt;
+use meridian_adapters::local::{self, Launch, Running};
+use meridian_adapters::probe::{group_into_pools, DeviceProbe, NvmlProbe};
+use meridian_federation::subjects::{self, SiteTopic};
+use meridian_federation::{
+    decode, encode, AttemptState, BrokerHello, CancelAttempt, DeviceState, Heartbeat, JobId,
+    JobStatus, LogsReply, LogsRequest, Offer, PoolAdvert, StatusAck, WIRE_VERSION,
+};
+use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::sync::mpsc;
+
+/// What the command line decides.
+#[derive(Clone, Debug)]
+pub struct AgentOptions {
+    pub site: SiteFile,
+    pub nats_url: String,
+    pub work_dir: PathBuf,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+struct Proc {
+    handle: Running,
+    started_ms: u64,
+    cancel_reason: Option<String>,
+    checkpoint_path: PathBuf,
+    pgid_path: PathBuf,
+}
+
+struct Agent {
+    core: AgentCore,
+    client: async_nats::Client,
+    work_dir: PathBuf,
+    grace: Duration,
+    procs: HashMap<(JobId, u32), Proc>,
+    statuses: mpsc::UnboundedSender<JobStatus>,
+    heartbeat_seq: u64,
+}
+
+/// Pools from the site file, with NVIDIA GPU pools replaced by what NVML finds where it is available.
+fn inventory(site: &SiteFile) -> anyhow::Result<Vec<PoolAdvert>> {
+    let mut pools = site.pools().map_err(anyhow::Error::msg)?;
+    if site.agent.nvml == NvmlMode::Off {
+        return Ok(pools);
+    }
+    match NvmlProbe.probe() {
+        Err(e) => {
+            tracing::info!(
+                "no NVIDIA GPUs probed ({e}); using the pools declared in the site file"
+            );
+        }
+        Ok(devices) if devices.is_empty() => {
+            tracing::info!("NVML found no GPUs; using the pools declared in the site file");
+        }
+        Ok(devices) => {
+            let declared: Vec<PoolAdvert> = pools
+                .iter()
+                .filter(|p| p.vendor == "nvidia")
+                .cloned()
+                .collect();
+            pools.retain(|p| p.vendor != "nvidia");
+            for (i, probed) in group_into_pools(&devices).into_iter().enumerate() {
+                let template = declared
+                    .iter()
+                    .find(|p| p.model.eq_ignore_ascii_case(&probed.model))
+                    .or(declared.first());
+                let Some(t) = template else {
+                    tracing::warn!("NVML found {} but the site file declares no NVIDIA pool to price it; skipped", probed.model);
+                    continue;
+                };
+                tracing::info!(
+                    "NVML: {} × {} ({} MiB)",
+                    probed.indices.len(),
+                    probed.model,
+                    probed.memory_mib
+                );
+                pools.push(PoolAdvert {
+                    name: format!("{}-{}", probed.model.to_ascii_lowercase(), i),
+                    model: probed.model.clone(),
+                    memory_mib: probed.memory_mib,
+                    count: probed.indices.len() as u32,
+                    measured_power_watts: probed.power_watts,
+                    devices: probed
+                        .indices
+                        .iter()
+                        .zip(&probed.healthy)
+                        .map(|(index, healthy)| DeviceState {
+                            index: *index,
+                            healthy: *healthy,
+                            used_milli: 0,
+                        })
+                        .collect(),
+                    ..t.clone()
+                });
+            }
+        }
+    }
+    Ok(pools)
+}
+
+/// Runs the agent until SIGINT or SIGTERM.
+pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
+    std::fs::create_dir_all(opts.work_dir.join("run"))
+        .with_context(|| format!("creating {}", opts.work_dir.display()))?;
+    let site = &opts.site;
+    let info = site
+        .site_info(now_ms() - now_ms() % 3_600_000)
+        .map_err(anyhow::Error::msg)?;
+    let core = AgentCore::new(info, inventory(site)?, site.agent.draining);
+    let id = core.info.id.clone();
+    let client = async_nats::ConnectOptions::new()
+        .name(format!("meridian-agent {id}"))
+        .retry_on_initial_connect()
+        .max_reconnects(None)
+        .connect(&opts.nats_url)
+        .await
+        .with_context(|| format!("connecting to {}", opts.nats_url))?;
+    tracing::info!("site {id} connected to {}", opts.nats_url);
+
+    let (status_tx, status_rx) = mpsc::unbounded_channel();
+    tokio::spawn(send_statuses(
+        client.clone(),
+        subjects::site(&id, SiteTopic::Status),
+        status_rx,
+    ));
+
+    let mut agent = Agent {
+        core,
+        client: client.clone(),
+        work_dir: opts.work_dir.clone(),
+        grace: Duration::from_millis(site.agent.grace_ms),
+        procs: HashMap::new(),
+        statuses: status_tx,
+        heartbeat_seq: 0,
+    };
+    agent.reap_leftovers();
+
+    let mut offers = client
+        .subscribe(subjects::site(&id, SiteTopic::Offer))
+        .await?;
+    let mut cancels = client
+        .subscribe(subjects::site(&id, SiteTopic::Cancel))
+        .await?;
+    let mut logs = client
+        .subscribe(subjects::site(&id, SiteTopic::Logs))
+        .await?;
+    let mut hellos = client.subscribe(subjects::BROKER_HELLO).await?;
+    agent.publish_advert().await;
+
+    let mut heartbeat =
+        tokio::time::interval(Duration::from_millis(site.agent.heartbeat_ms.max(50)));
+    let mut advert = tokio::time::interval(Duration::from_millis(
+        site.agent.advert_interval_ms.max(100),
+    ));
+    let mut reap = tokio::time::interval(Duration::from_millis(100));
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    loop {
+        tokio::select! {
+            Some(m) = offers.next() => agent.on_offer(m).await,
+            Some(m) = cancels.next() => agent.on_cancel(&m.payload),
+            Some(m) = logs.next() => agent.on_logs(m).await,
+            Some(m) = hellos.next() => {
+                if decode::<BrokerHello>(&m.payload).is_ok() {
+                    agent.publish_advert().await;
+                }
+            }
+            _ = heartbeat.tick() => agent.publish_heartbeat().await,
+            _ = advert.tick() => agent.publish_advert().await,
+            _ = reap.tick() => agent.reap_finished().await,
+            _ = tokio::signal::ctrl_c() => break,
+            _ = sigterm.recv() => break,
+        }
+    }
+    tracing::info!("site {id} stopping; running jobs are stopped with it");
+    for p in agent.procs.values_mut() {
+        p.handle.stop();
+    }
+    Ok(())
+}
+
+/// Sends status updates in order, each repeated until the broker acknowledges it.
+async fn send_statuses(
+    client: async_nats::Client,
+    subject: String,
+    mut rx: mpsc::UnboundedReceiver<JobStatus>,
+) {
+    let mut queue: VecDeque<JobStatus> = VecDeque::new();
+    loop {
+        if queue.is_empty() {
+            match rx.recv().await {
+                Some(s) => queue.push_back(s),
+                None => return,
+            }
+        }
+        while let Ok(s) = rx.try_recv() {
+            queue.push_back(s);
+        }
+        let Some(head) = queue.front() else { continue };
+        let Ok(payload) = encode(head) else {
+            queue.pop_front();
+            continue;
+        };
+        let reply = tokio::time::timeout(
+            Duration::from_secs(2),
+            client.request(subject.clone(), Bytes::from(payload)),
+        )
+        .await;
+        match reply {
+            Ok(Ok(m)) if decode::<StatusAck>(&m.payload).is_ok() => {
+                queue.pop_front();
+            }
+            _ => tokio::time::sleep(Duration::from_millis(300)).await,
+        }
+    }
+}
+
+impl Agent {
+    async fn publish(
+        &self,
+        subject: String,
+        payload: Result<Vec<u8>, meridian_federation::WireError>,
+    ) {
+        match payload {
+            Ok(p) => {
+                if let Err(e) = self.client.publish(subject, Bytes::from(p)).await {
+                    tracing::debug!("publish failed: {e}");
+                }
+            }
+            Err(e) => tracing::error!("could not encode a message: {e}"),
+        }
+    }
+
+    async fn publish_advert(&self) {
+        let a = self.core.advert(now_ms());
+        self.publish(subjects::site(&a.site.id, SiteTopic::Advert), encode(&a))
+            .await;
+    }
+
+    async fn publish_heartbeat(&mut self) {
+        self.heartbeat_seq += 1;
+        let h = Heartbeat {
+            v: WIRE_VERSION,
+            site: self.core.info.id.clone(),
+            seq: self.heartbeat_seq,
+            sent_at_ms: now_ms(),
+            generation: self.core.generation,
+            running: self.core.running(),
+        };
+        self.publish(subjects::site(&h.site, SiteTopic::Heartbeat), encode(&h))
+            .await;
+    }
+
+    fn status(&self, job: &JobId, attempt: u32, state: AttemptState, p: Option<&Proc>) {
+        let now = now_ms();
+        let checkpoint = p
+            .and_then(|p| std::fs::read_to_string(&p.checkpoint_path).ok())
+            .and_then(|s| {
+                let s = s.trim().to_string();
+                (!s.is_empty() && s.len() <= 4096).then_some(s)
+            });
+        let _ = self.statuses.send(JobStatus {
+            v: WIRE_VERSION,
+            job: job.clone(),
+            attempt,
+            site: self.core.info.id.clone(),
+            state,
+            at_ms: now,
+            started_at_ms: p.map(|p| p.started_ms),
+            runtime_ms: p.map(|p| now.saturating_sub(p.started_ms)),
+            checkpoint,
+        });
+    }
+
+    async fn on_offer(&mut self, m: async_nats::Message) {
+        let Some(reply_to) = m.reply.clone() else {
+            return;
+        };
+        let offer = match decode::<Offer>(&m.payload) {
+            Ok(o) => o,
+            Err(e) => {
+                tracing::warn!("refused a malformed offer: {e}");
+                let body = meridian_federation::ApiReply::<()>::err(e.to_body());
+                self.publish(reply_to.to_string(), encode(&body)).await;
+                return;
+            }
+        };
+        let (reply, start) = self.core.on_offer(&offer);
+        if start {
+            if let Err(e) = self.start(&offer) {
+                tracing::error!("job {} attempt {}: {e}", offer.job, offer.attempt);
+                self.core.on_finished(&offer.job, offer.attempt);
+                self.status(
+                    &offer.job,
+                    offer.attempt,
+                    AttemptState::Interrupted {
+                        reason: format!("could not start: {e}"),
+                    },
+                    None,
+                );
+            }
+        }
+        self.publish(reply_to.to_string(), encode(&reply)).await;
+        if start {
+            self.publish_advert().await;
+        }
+    }
+
+    fn start(&mut self, offer: &Offer) -> anyhow::Result<()> {
+        let name = format!("{}-{}", offer.job, offer.attempt);
+        let run_dir = self.work_dir.join("run");
+        let job_dir = self.work_dir.join("jobs").join(&name);
+        std::fs::create_dir_all(&job_dir)?;
+        let checkpoint_path = job_dir.join("checkpoint");
+        let pgid_path = run_dir.join(format!("{}__{}.pgid", offer.job, offer.attempt));
+        let indices: Vec<String> = offer.devices.iter().map(|d| d.index.to_string()).collect();
+        let mut env: Vec<(String, String)> = offer.spec.run.env.clone().into_iter().collect();
+        env.extend([
+            ("MERIDIAN_JOB_ID".into(), offer.job.to_string()),
+            ("MERIDIAN_ATTEMPT".into(), offer.attempt.to_string()),
+            ("MERIDIAN_SITE_ID".into(), self.core.info.id.to_string()),
+            ("MERIDIAN_POOL".into(), offer.pool.clone()),
+            ("MERIDIAN_DEVICES".into(), indices.join(",")),
+            (
+                "MERIDIAN_DEVICE_MILLI".into(),
+                offer
+                    .devices
+                    .iter()
+                    .map(|d| d.milli.to_string())
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ),
+            (
+                "MERIDIAN_CHECKPOINT_FILE".into(),
+                checkpoint_path.display().to_string(),
+            ),
+        ]);
+        let vendor = self
+            .core
+            .pools
+            .iter()
+            .find(|p| p.name == offer.pool)
+            .map(|p| p.vendor.as_str());
+        if vendor == Some("nvidia") {
+            env.push(("CUDA_VISIBLE_DEVICES".into(), indices.join(",")));
+        }
+        if let Some(r) = &offer.resume_from {
+            env.push(("MERIDIAN_RESUME_FROM".into(), r.clone()));
+        }
+        let handle = local::launch(&Launch {
+            shim_program: std::env::current_exe()?,
+            command: offer.spec.run.command.clone(),
+            env,
+            work_dir: job_dir.clone(),
+            log_path: job_dir.join("output.log"),
+            pgid_path: pgid_path.clone(),
+            grace: self.grace,
+        })?;
+        tracing::info!(
+            "job {} attempt {} started (pid {})",
+            offer.job,
+            offer.attempt,
+            handle.pid()
+        );
+        let p = Proc {
+            handle,
+            started_ms: now_ms(),
+            cancel_reason: None,
+            checkpoint_path,
+            pgid_path,
+        };
+        self.status(&offer.job, offer.attempt, AttemptState::Running, Some(&p));
+        self.procs.insert((offer.job.clone(), offer.attempt), p);
+        Ok(())
+    }
+
+    fn on_cancel(&mut self, payload: &[u8]) {
+        let c = match decode::<CancelAttempt>(payload) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!("ignored a malformed cancel: {e}");
+                return;
+            }
+        };
+        if let Some(p) = self.procs.get_mut(&(c.job.clone(), c.attempt)) {
+            tracing::info!(
+                "job {} attempt {}: stopping ({})",
+                c.job,
+                c.attempt,
+                c.reason
+            );
+            p.cancel_reason = Some(c.reason);
+            p.handle.stop();
+        }
+    }
+
+    async fn on_logs(&self, m: async_nats::Message) {
+        let Some(reply_to) = m.reply.clone() else {
+            return;
+        };
+        let body = match decode::<LogsRequest>(&m.payload) {
+            Ok(r) => {
+                let path = self
+                    .work_dir
+                    .join("jobs")
+                    .join(format!("{}-{}", r.job, r.attempt))
+                    .join("output.log");
+                match local::tail(&path, r.lines as usize) {
+                    Ok(text) => encode(&LogsReply {
+                        v: WIRE_VERSION,
+                        job: r.job,
+                        attempt: r.attempt,
+                        site: self.core.info.id.clone(),
+                        text,
+                    }),
+                    Err(e) => encode(&meridian_federation::ApiReply::<()>::err(
+                        meridian_federation::ErrorBody::new(
+                            meridian_federation::ErrorCode::NotFound,
+                            None,
+                            format!("no log for job {} attempt {} here: {e}", r.job, r.attempt),
+                        ),
+                    )),
+                }
+            }
+            Err(e) => encode(&meridian_federation::ApiReply::<()>::err(e.to_body())),
+        };
+        self.publish(reply_to.to_string(), body).await;
+    }
+
+    async fn reap_finished(&mut self) {
+        let mut done = Vec::new();
+        for (key, p) in self.procs.iter_mut() {
+            match p.handle.try_wait() {
+                Ok(Some(status)) => done.push((key.clone(), local::exit_code(status))),
+                Ok(None) => {}
+                Err(e) => tracing::warn!("waiting for {}: {e}", key.0),
+            }
+        }
+        if done.is_empty() {
+            return;
+        }
+        for ((job, attempt), code) in done {
+            let Some(p) = self.procs.remove(&(job.clone(), attempt)) else {
+                continue;
+            };
+            let state = match (&p.cancel_reason, code) {
+                (Some(reason), _) => AttemptState::Cancelled {
+                    reason: reason.clone(),
+                },
+                (None, 0) => AttemptState::Succeeded { exit_code: 0 },
+                (None, c) => AttemptState::Failed {
+                    exit_code: Some(c),
+                    reason: format!("exit code {c}"),
+                },
+            };
+            tracing::info!("job {job} attempt {attempt} ended: {state:?}");
+            self.status(&job, attempt, state, Some(&p));
+            let _ = std::fs::remove_file(&p.pgid_path);
+            self.core.on_finished(&job, attempt);
+        }
+        self.publish_advert().await;
+    }
+
+    /// Kills process groups left by an earlier run of this agent and reports their attempts as interrupted.
+    fn reap_leftovers(&mut self) {
+        let Ok(entries) = std::fs::read_dir(self.work_dir.join("run")) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let Some(stem) = path.file_stem().and_then(|s| s.to_str()).map(str::to_owned) else {
+                continue;
+            };
+            let killed = local::reap(&path);
+            let _ = std::fs::remove_file(&path);
+            let Some((job, attempt)) = stem.split_once("__") else {
+                continue;
+            };
+            let (Ok(job), Ok(attempt)) = (JobId::new(job), attempt.parse::<u32>()) else {
+                continue;
+            };
+            tracing::info!("reaped job {job} attempt {attempt} left by an earlier run (group killed: {killed})");
+            self.status(
+                &job,
+                attempt,
+                AttemptState::Interrupted {
+                    reason: "agent restarted; the attempt was stopped".into(),
+                },
+                None,
+            );
+        }
+    }
+}
