@@ -1,1 +1,297 @@
-fn main() {}
+//! `meridian`: the broker, the client commands and the local federation.
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use meridian_broker::client::{read_job_file, Client};
+use meridian_broker::local::{LocalFederation, LocalOptions};
+use meridian_broker::{demo, service};
+use meridian_federation::{JobId, SiteId};
+use serde::Serialize;
+use std::path::PathBuf;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "meridian",
+    version,
+    about = "Meridian: a federation broker for heterogeneous AI compute"
+)]
+struct Cli {
+    /// NATS server of the federation (client commands).
+    #[arg(
+        long,
+        global = true,
+        env = "MERIDIAN_NATS",
+        default_value = "nats://127.0.0.1:4222"
+    )]
+    nats: String,
+    /// Output format of client commands.
+    #[arg(long, global = true, value_enum, default_value_t = Output::Table)]
+    output: Output,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Run the broker.
+    Broker(service::BrokerConfig),
+    /// Submit a job spec (TOML or JSON).
+    Submit { file: PathBuf },
+    /// List jobs.
+    Jobs,
+    /// List sites.
+    Sites,
+    /// Explain where a job is placed, or why it waits.
+    Explain { job: JobId },
+    /// Cancel a job.
+    Cancel { job: JobId },
+    /// Show the tail of a job's output.
+    Logs { job: JobId },
+    /// Drain a site (no new work; running work finishes); `--undo` lifts the drain.
+    Drain {
+        site: SiteId,
+        #[arg(long)]
+        undo: bool,
+    },
+    /// Bring up a local federation (nats-server, broker, one agent per site) until Ctrl-C.
+    Up {
+        #[arg(default_value = "configs/federation-demo.toml")]
+        federation: PathBuf,
+    },
+    /// The main job: bring up the demo federation, run a trace workload, print where each job ran and why.
+    Demo {
+        #[arg(long, default_value = "configs/federation-demo.toml")]
+        federation: PathBuf,
+        /// Workload used when the shared trace data is absent (and for the inference services).
+        #[arg(long, default_value = "configs/demo-workload.toml")]
+        workload: PathBuf,
+        /// Batch jobs taken from the trace.
+        #[arg(long, default_value_t = 12)]
+        jobs: usize,
+    },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let filter = match &cli.command {
+        Cmd::Broker(_) => "info",
+        _ => "warn",
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter)),
+        )
+        .with_target(false)
+        .with_writer(std::io::stderr)
+        .init();
+    let code = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(anyhow::Error::from)
+        .and_then(|rt| rt.block_on(run(cli)))
+    {
+        Ok(true) => 0,
+        Ok(false) => 1,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            2
+        }
+    };
+    std::process::exit(code);
+}
+
+fn print<T: Serialize>(output: Output, value: &T, table: impl FnOnce(&T)) -> anyhow::Result<bool> {
+    match output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(value)?),
+        Output::Table => table(value),
+    }
+    Ok(true)
+}
+
+async fn run(cli: Cli) -> anyhow::Result<bool> {
+    let out = cli.output;
+    match cli.command {
+        Cmd::Broker(cfg) => service::run(cfg).await.map(|_| true),
+        Cmd::Up { federation } => {
+            let fed = tokio::task::block_in_place(|| {
+                LocalFederation::start(&federation, LocalOptions::default())
+            })?;
+            println!(
+                "federation up: NATS {}  HTTP API {}",
+                fed.nats.url, fed.http
+            );
+            println!("sites: {}", fed.site_ids().join(", "));
+            println!(
+                "logs and state in {}; Ctrl-C stops everything",
+                fed.dir.display()
+            );
+            println!("try: meridian --nats {} sites", fed.nats.url);
+            tokio::signal::ctrl_c().await?;
+            tokio::task::block_in_place(|| drop(fed));
+            Ok(true)
+        }
+        Cmd::Demo {
+            federation,
+            workload,
+            jobs,
+        } => {
+            demo::run(demo::DemoOptions {
+                federation,
+                workload,
+                jobs,
+                json: out == Output::Json,
+            })
+            .await
+        }
+        cmd => {
+            let client = Client::connect(&cli.nats).await?;
+            match cmd {
+                Cmd::Submit { file } => {
+                    let body = read_job_file(&file)?;
+                    let r = client
+                        .submit_raw(body)
+                        .await
+                        .with_context(|| format!("submitting {}", file.display()))?;
+                    print(out, &r, |r| {
+                        println!(
+                            "{} {}",
+                            r.job,
+                            if r.created {
+                                "submitted"
+                            } else {
+                                "already submitted (same idempotency key)"
+                            }
+                        )
+                    })
+                }
+                Cmd::Jobs => {
+                    let jobs = client.jobs().await?;
+                    print(out, &jobs, |jobs| {
+                        println!(
+                            "{:<9} {:<20} {:<10} {:<10} {:<16} {:>3}  WHY",
+                            "JOB", "NAME", "KIND", "STATE", "SITE", "ATT"
+                        );
+                        for j in jobs {
+                            println!(
+                                "{:<9} {:<20} {:<10} {:<10} {:<16} {:>3}  {}",
+                                j.job.as_str(),
+                                j.name.clone().unwrap_or_default(),
+                                j.kind.as_str(),
+                                j.phase.as_str(),
+                                j.site.as_ref().map(|s| s.as_str()).unwrap_or("-"),
+                                j.attempt,
+                                j.why
+                            );
+                        }
+                    })
+                }
+                Cmd::Sites => {
+                    let sites = client.sites().await?;
+                    print(out, &sites, |sites| {
+                        println!(
+                            "{:<18} {:<8} {:<5} {:<6} {:>5} {:>6}  POOLS (free/total)",
+                            "SITE", "TIER", "UP", "DRAIN", "PUE", "gCO2"
+                        );
+                        for s in sites {
+                            let pools: Vec<String> = s
+                                .pools
+                                .iter()
+                                .map(|p| {
+                                    format!(
+                                        "{} {:.1}/{}",
+                                        p.model,
+                                        p.free_milli as f64 / 1000.0,
+                                        p.count
+                                    )
+                                })
+                                .collect();
+                            println!(
+                                "{:<18} {:<8} {:<5} {:<6} {:>5.2} {:>6}  {}",
+                                s.site.as_str(),
+                                s.tier.as_str(),
+                                s.up,
+                                s.draining,
+                                s.pue,
+                                s.carbon_g_per_kwh,
+                                pools.join(", ")
+                            );
+                        }
+                    })
+                }
+                Cmd::Explain { job } => {
+                    let e = client.explain(&job).await?;
+                    print(out, &e, |e| {
+                        println!("{} is {}: {}", e.job, e.phase.as_str(), e.why);
+                        println!("policy {}", e.policy);
+                        println!(
+                            "{:<18} {:<8} {:<8} {:>9} {:>8} {:>8} {:>8} {:>8}  VERDICT",
+                            "SITE", "TIER", "POOL", "COST $", "kWh", "kgCO2", "RTT ms", "SCORE"
+                        );
+                        for c in &e.candidates {
+                            let (cost, kwh, co2, rtt, score) = match &c.terms {
+                                Some(t) => (
+                                    format!("{:.2}", t.cost_micro_usd as f64 / 1e6),
+                                    format!("{:.1}", t.energy_wh as f64 / 1000.0),
+                                    format!("{:.2}", t.co2_g as f64 / 1000.0),
+                                    format!("{:.1}", t.latency_ms),
+                                    if t.score >= 0.0 {
+                                        format!("{:.3}", t.score)
+                                    } else {
+                                        "-".into()
+                                    },
+                                ),
+                                None => {
+                                    ("-".into(), "-".into(), "-".into(), "-".into(), "-".into())
+                                }
+                            };
+                            let verdict = if c.chosen {
+                                "CHOSEN".to_string()
+                            } else {
+                                c.rejected.clone().unwrap_or_default()
+                            };
+                            println!(
+                                "{:<18} {:<8} {:<8} {:>9} {:>8} {:>8} {:>8} {:>8}  {}",
+                                c.site.as_str(),
+                                c.tier.as_str(),
+                                c.pool.clone().unwrap_or_else(|| "-".into()),
+                                cost,
+                                kwh,
+                                co2,
+                                rtt,
+                                score,
+                                verdict
+                            );
+                        }
+                        println!("history:");
+                        for h in &e.history {
+                            println!("  {h}");
+                        }
+                    })
+                }
+                Cmd::Cancel { job } => {
+                    let j = client.cancel(&job).await?;
+                    print(out, &j, |j| {
+                        println!("{} {}: {}", j.job, j.phase.as_str(), j.why)
+                    })
+                }
+                Cmd::Logs { job } => {
+                    let l = client.logs(&job).await?;
+                    print(out, &l, |l| println!("{}", l.text))
+                }
+                Cmd::Drain { site, undo } => {
+                    let s = client.drain(&site, !undo).await?;
+                    print(out, &s, |s| println!("{} draining: {}", s.site, s.draining))
+                }
+                Cmd::Broker(_) | Cmd::Up { .. } | Cmd::Demo { .. } => Ok(true),
+            }
+        }
+    }
+}

@@ -1,4 +1,5 @@
 //! Round trips of every message type and rejection of each kind of bad input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use meridian_federation::*;
 use serde_json::{json, Value};

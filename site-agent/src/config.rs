@@ -123,7 +123,7 @@ impl Default for AgentSettings {
 }
 
 fn usd_to_micro(field: &str, usd: f64) -> Result<u64, String> {
-    if !usd.is_finite() || usd < 0.0 || usd > 1e6 {
+    if !usd.is_finite() || !(0.0..=1e6).contains(&usd) {
         return Err(format!("{field}: {usd} is not a price in 0..=1000000 USD"));
     }
     Ok((usd * 1e6).round() as u64)

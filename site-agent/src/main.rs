@@ -18,6 +18,9 @@ struct Cli {
     /// Folder for job logs and records; overrides the site file.
     #[arg(long)]
     work_dir: Option<PathBuf>,
+    /// Heartbeat period, ms; overrides the site file.
+    #[arg(long, env = "MERIDIAN_HEARTBEAT_MS")]
+    heartbeat_ms: Option<u64>,
     #[command(subcommand)]
     command: Option<Cmd>,
 }
@@ -86,8 +89,11 @@ fn main() -> anyhow::Result<()> {
             let path = cli.config.context("--config FILE is required")?;
             let text = std::fs::read_to_string(&path)
                 .with_context(|| format!("reading {}", path.display()))?;
-            let site = config::parse_site_file(&text)
+            let mut site = config::parse_site_file(&text)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            if let Some(ms) = cli.heartbeat_ms {
+                site.agent.heartbeat_ms = ms;
+            }
             let nats_url = cli.nats.unwrap_or_else(|| site.agent.nats_url.clone());
             let work_dir = cli
                 .work_dir

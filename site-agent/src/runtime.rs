@@ -1,5 +1,6 @@
 //! The agent's async shell: one NATS connection, one loop that feeds the pure core, the local-process adapter
 //! for execution, and a status sender that repeats each update until the broker acknowledges it, in order.
+#![allow(clippy::disallowed_methods)] // a shell: reads the clock
 
 use crate::config::{NvmlMode, SiteFile};
 use crate::core::AgentCore;

@@ -419,7 +419,7 @@ pub fn place(view: View<'_>, req: Request<'_>, now: Millis) -> Decision {
                 pool: c.pool.clone().unwrap_or_default(),
                 tier,
                 devices: devices.clone(),
-                terms: c.terms.clone().unwrap_or_else(|| unreachable_terms()),
+                terms: c.terms.clone().unwrap_or_else(unreachable_terms),
             })
         }
         None => Outcome::Wait(Wait::Busy { burst_in_ms: None }),

@@ -1,4 +1,5 @@
 //! Builders for tests of the core: sites, jobs and a reactor driven step by step with invariant checks.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use super::journal::MemoryJournal;
 use super::latency::RttTable;

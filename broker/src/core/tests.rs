@@ -1,4 +1,5 @@
 //! Tests of placement choices, reactor scenarios and a brute-force oracle.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use super::latency::RttTable;
 use super::model::Site;
@@ -466,7 +467,7 @@ mod oracle {
                 let tier = Tier::ALL[tier];
                 let mut b = site(&format!("s{i}"), tier, lat, lon)
                     .gpus(
-                        if i % 2 == 0 { "A100" } else { "H100" },
+                        if i.is_multiple_of(2) { "A100" } else { "H100" },
                         count,
                         f64::from(price) / 10.0,
                     )

@@ -1,0 +1,131 @@
+//! The command-line client: calls the NATS request-reply API and prints tables or JSON.
+
+use anyhow::Context;
+use bytes::Bytes;
+use meridian_federation::subjects::api;
+use meridian_federation::{decode, encode, ApiReply, Empty, JobId, JobRef, JobSpec, WIRE_VERSION};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::time::Duration;
+
+pub struct Client {
+    nats: async_nats::Client,
+}
+
+impl Client {
+    pub async fn connect(url: &str) -> anyhow::Result<Self> {
+        let nats = tokio::time::timeout(
+            Duration::from_secs(5),
+            async_nats::ConnectOptions::new()
+                .name("meridian client")
+                .connect(url),
+        )
+        .await
+        .with_context(|| format!("timed out connecting to {url}"))?
+        .with_context(|| format!("connecting to {url}"))?;
+        Ok(Client { nats })
+    }
+
+    async fn call<B: Serialize, T: DeserializeOwned>(
+        &self,
+        subject: &'static str,
+        body: &B,
+    ) -> anyhow::Result<T> {
+        let payload = encode(body)?;
+        self.raw(subject, payload).await
+    }
+
+    async fn raw<T: DeserializeOwned>(
+        &self,
+        subject: &'static str,
+        payload: Vec<u8>,
+    ) -> anyhow::Result<T> {
+        let m = tokio::time::timeout(
+            Duration::from_secs(10),
+            self.nats.request(subject, Bytes::from(payload)),
+        )
+        .await
+        .context("the broker did not answer within 10 s")?
+        .context("no broker is answering")?;
+        let reply: ApiReply<T> = decode(&m.payload).context("unreadable reply from the broker")?;
+        reply.into_result().map_err(|e| {
+            anyhow::anyhow!(
+                "{}{}",
+                e.message,
+                e.field.map(|f| format!(" (field {f})")).unwrap_or_default()
+            )
+        })
+    }
+
+    pub async fn submit(&self, spec: &JobSpec) -> anyhow::Result<meridian_federation::SubmitReply> {
+        self.call(api::SUBMIT, spec).await
+    }
+
+    pub async fn submit_raw(
+        &self,
+        body: Vec<u8>,
+    ) -> anyhow::Result<meridian_federation::SubmitReply> {
+        self.raw(api::SUBMIT, body).await
+    }
+
+    pub async fn jobs(&self) -> anyhow::Result<Vec<meridian_federation::JobView>> {
+        self.call(api::LIST_JOBS, &Empty { v: WIRE_VERSION }).await
+    }
+
+    pub async fn job(&self, job: &JobId) -> anyhow::Result<meridian_federation::JobView> {
+        self.call(api::GET_JOB, &job_ref(job)).await
+    }
+
+    pub async fn explain(&self, job: &JobId) -> anyhow::Result<meridian_federation::ExplainView> {
+        self.call(api::EXPLAIN, &job_ref(job)).await
+    }
+
+    pub async fn cancel(&self, job: &JobId) -> anyhow::Result<meridian_federation::JobView> {
+        self.call(api::CANCEL, &job_ref(job)).await
+    }
+
+    pub async fn logs(&self, job: &JobId) -> anyhow::Result<meridian_federation::LogsReply> {
+        self.call(api::LOGS, &job_ref(job)).await
+    }
+
+    pub async fn sites(&self) -> anyhow::Result<Vec<meridian_federation::SiteView>> {
+        self.call(api::LIST_SITES, &Empty { v: WIRE_VERSION }).await
+    }
+
+    pub async fn drain(
+        &self,
+        site: &meridian_federation::SiteId,
+        drain: bool,
+    ) -> anyhow::Result<meridian_federation::SiteView> {
+        self.call(
+            api::DRAIN,
+            &meridian_federation::DrainRequest {
+                v: WIRE_VERSION,
+                site: site.clone(),
+                drain,
+            },
+        )
+        .await
+    }
+}
+
+fn job_ref(job: &JobId) -> JobRef {
+    JobRef {
+        v: WIRE_VERSION,
+        job: job.clone(),
+    }
+}
+
+/// Reads a job spec from a TOML or JSON file (by extension; JSON when unsure). The `v` field may be omitted.
+pub fn read_job_file(path: &std::path::Path) -> anyhow::Result<Vec<u8>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let is_toml = path.extension().is_some_and(|e| e == "toml");
+    if is_toml {
+        let value: toml::Value =
+            toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        Ok(serde_json::to_vec(&value)?)
+    } else {
+        Ok(text.into_bytes())
+    }
+}

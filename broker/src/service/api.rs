@@ -1,0 +1,259 @@
+//! The API's one implementation, served over NATS request-reply and HTTP alike. Every call answers with an
+//! [`ApiReply`] body and an HTTP status; bad input gets an error that names the field and the problem.
+
+use super::{Answer, BrokerHandle, Query};
+use crate::core::reactor::{Event, Response, StepError};
+use bytes::Bytes;
+use futures::StreamExt;
+use meridian_federation::subjects::{self, SiteTopic};
+use meridian_federation::{
+    decode, encode, ApiReply, DrainRequest, Empty, ErrorBody, ErrorCode, JobId, JobRef, JobSpec,
+    LogsReply, LogsRequest, SiteId, WireError, WIRE_VERSION,
+};
+use serde::Serialize;
+use std::time::Duration;
+
+/// One API call, with its input still as received where it needs decoding.
+#[derive(Debug)]
+pub enum Call {
+    Submit(Bytes),
+    ListJobs,
+    GetJob(String),
+    Explain(String),
+    Cancel(String),
+    Logs(String, u32),
+    ListSites,
+    Drain(String, bool),
+}
+
+/// The HTTP status and JSON body of a reply.
+pub type Reply = (u16, Vec<u8>);
+
+fn ok<T: Serialize>(status: u16, value: T) -> Reply {
+    match encode(&ApiReply::ok(value)) {
+        Ok(body) => (status, body),
+        Err(e) => error(ErrorBody::new(ErrorCode::Internal, None, e.to_string())),
+    }
+}
+
+fn error(body: ErrorBody) -> Reply {
+    let status = body.code.http_status();
+    let bytes = encode(&ApiReply::<()>::err(body)).unwrap_or_else(|_| b"{}".to_vec());
+    (status, bytes)
+}
+
+fn wire(e: WireError) -> Reply {
+    error(e.to_body())
+}
+
+fn step_error(e: StepError) -> Reply {
+    error(ErrorBody::new(e.code(), e.field(), e.to_string()))
+}
+
+fn not_found(what: String) -> Reply {
+    error(ErrorBody::new(
+        ErrorCode::NotFound,
+        None,
+        format!("{what} not found"),
+    ))
+}
+
+fn unavailable() -> Reply {
+    error(ErrorBody::new(
+        ErrorCode::Unavailable,
+        None,
+        "broker is stopping",
+    ))
+}
+
+fn job_id(s: &str) -> Result<JobId, Reply> {
+    JobId::new(s).map_err(|p| error(ErrorBody::new(ErrorCode::Invalid, Some("job".into()), p)))
+}
+
+/// Carries out one call.
+pub async fn call(h: &BrokerHandle, c: Call) -> Reply {
+    match c {
+        Call::Submit(body) => {
+            let spec = match decode::<JobSpec>(&body) {
+                Ok(s) => s,
+                Err(e) => return wire(e),
+            };
+            match h.step(Event::Submit(spec)).await {
+                Ok(Response::Submitted(r)) => ok(if r.created { 201 } else { 200 }, r),
+                Ok(other) => error(ErrorBody::new(
+                    ErrorCode::Internal,
+                    None,
+                    format!("unexpected {other:?}"),
+                )),
+                Err(e) => step_error(e),
+            }
+        }
+        Call::ListJobs => match h.query(Query::Jobs).await {
+            Some(Answer::Jobs(v)) => ok(200, v),
+            _ => unavailable(),
+        },
+        Call::GetJob(id) => {
+            let id = match job_id(&id) {
+                Ok(id) => id,
+                Err(r) => return r,
+            };
+            match h.query(Query::Job(id.clone())).await {
+                Some(Answer::Job(Some(v))) => ok(200, v),
+                Some(_) => not_found(format!("job {id}")),
+                None => unavailable(),
+            }
+        }
+        Call::Explain(id) => {
+            let id = match job_id(&id) {
+                Ok(id) => id,
+                Err(r) => return r,
+            };
+            match h.query(Query::Explain(id.clone())).await {
+                Some(Answer::Explain(Some(v))) => ok(200, v),
+                Some(_) => not_found(format!("job {id}")),
+                None => unavailable(),
+            }
+        }
+        Call::Cancel(id) => {
+            let id = match job_id(&id) {
+                Ok(id) => id,
+                Err(r) => return r,
+            };
+            match h.step(Event::Cancel(id.clone())).await {
+                Ok(_) => match h.query(Query::Job(id.clone())).await {
+                    Some(Answer::Job(Some(v))) => ok(200, v),
+                    _ => not_found(format!("job {id}")),
+                },
+                Err(e) => step_error(e),
+            }
+        }
+        Call::Logs(id, lines) => {
+            let id = match job_id(&id) {
+                Ok(id) => id,
+                Err(r) => return r,
+            };
+            logs(h, id, lines).await
+        }
+        Call::ListSites => match h.query(Query::Sites).await {
+            Some(Answer::Sites(v)) => ok(200, v),
+            _ => unavailable(),
+        },
+        Call::Drain(site, drain) => {
+            let site = match SiteId::new(site) {
+                Ok(s) => s,
+                Err(p) => return error(ErrorBody::new(ErrorCode::Invalid, Some("site".into()), p)),
+            };
+            match h
+                .step(Event::Drain {
+                    site: site.clone(),
+                    drain,
+                })
+                .await
+            {
+                Ok(_) => match h.query(Query::Sites).await {
+                    Some(Answer::Sites(v)) => match v.into_iter().find(|s| s.site == site) {
+                        Some(s) => ok(200, s),
+                        None => not_found(format!("site {site}")),
+                    },
+                    _ => unavailable(),
+                },
+                Err(e) => step_error(e),
+            }
+        }
+    }
+}
+
+/// Fetches a job's log tail from the agent of the site its latest attempt ran on.
+async fn logs(h: &BrokerHandle, id: JobId, lines: u32) -> Reply {
+    let Some(Answer::Placement(placement)) = h.query(Query::Placement(id.clone())).await else {
+        return unavailable();
+    };
+    let Some((site, attempt)) = placement else {
+        return not_found(format!("a started attempt of job {id}"));
+    };
+    let req = LogsRequest {
+        v: WIRE_VERSION,
+        job: id,
+        attempt,
+        lines: lines.clamp(1, 10_000),
+    };
+    let Ok(body) = encode(&req) else {
+        return unavailable();
+    };
+    let asked = h
+        .client
+        .request(subjects::site(&site, SiteTopic::Logs), Bytes::from(body));
+    match tokio::time::timeout(Duration::from_secs(3), asked).await {
+        Ok(Ok(m)) => match decode::<LogsReply>(&m.payload) {
+            Ok(r) => ok(200, r),
+            Err(_) => match decode::<ApiReply<()>>(&m.payload).map(ApiReply::into_result) {
+                Ok(Err(e)) => error(e),
+                _ => error(ErrorBody::new(
+                    ErrorCode::Internal,
+                    None,
+                    "unreadable answer from the agent",
+                )),
+            },
+        },
+        _ => error(ErrorBody::new(
+            ErrorCode::Unavailable,
+            None,
+            format!("site {site} did not answer for the logs"),
+        )),
+    }
+}
+
+/// Serves the NATS request-reply API until the subscription ends. Each request is answered on its own task.
+pub async fn serve_nats(h: BrokerHandle, mut sub: async_nats::Subscriber) {
+    while let Some(m) = sub.next().await {
+        let Some(reply_to) = m.reply.clone() else {
+            continue;
+        };
+        let h = h.clone();
+        tokio::spawn(async move {
+            let (_, body) = match nats_call(m.subject.as_str(), m.payload) {
+                Ok(c) => call(&h, c).await,
+                Err(r) => r,
+            };
+            let _ = h.client.publish(reply_to, Bytes::from(body)).await;
+        });
+    }
+}
+
+fn nats_call(subject: &str, payload: Bytes) -> Result<Call, Reply> {
+    use subjects::api;
+    let job = |p: &Bytes| decode::<JobRef>(p).map(|r| r.job.to_string()).map_err(wire);
+    Ok(match subject {
+        api::SUBMIT => Call::Submit(payload),
+        api::LIST_JOBS => {
+            empty(&payload)?;
+            Call::ListJobs
+        }
+        api::GET_JOB => Call::GetJob(job(&payload)?),
+        api::EXPLAIN => Call::Explain(job(&payload)?),
+        api::CANCEL => Call::Cancel(job(&payload)?),
+        api::LOGS => Call::Logs(job(&payload)?, 100),
+        api::LIST_SITES => {
+            empty(&payload)?;
+            Call::ListSites
+        }
+        api::DRAIN => {
+            let d = decode::<DrainRequest>(&payload).map_err(wire)?;
+            Call::Drain(d.site.to_string(), d.drain)
+        }
+        other => {
+            return Err(error(ErrorBody::new(
+                ErrorCode::NotFound,
+                None,
+                format!("no API call at subject {other}"),
+            )))
+        }
+    })
+}
+
+fn empty(payload: &Bytes) -> Result<(), Reply> {
+    if payload.is_empty() {
+        return Ok(());
+    }
+    decode::<Empty>(payload).map(|_| ()).map_err(wire)
+}

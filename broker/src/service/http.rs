@@ -1,0 +1,101 @@
+//! The HTTP JSON API (axum). Routes map onto [`super::api::Call`]; bodies are the wire types.
+
+use super::api::{call, Call, Reply};
+use super::BrokerHandle;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde::Deserialize;
+
+pub fn router(h: BrokerHandle) -> Router {
+    Router::new()
+        .route("/v1/jobs", post(submit).get(list_jobs))
+        .route("/v1/jobs/{id}", get(get_job).delete(cancel))
+        .route("/v1/jobs/{id}/explain", get(explain))
+        .route("/v1/jobs/{id}/logs", get(logs))
+        .route("/v1/sites", get(list_sites))
+        .route("/v1/sites/{id}/drain", post(drain))
+        .layer(DefaultBodyLimit::max(
+            meridian_federation::MAX_MESSAGE_BYTES + 1,
+        ))
+        .with_state(h)
+}
+
+fn respond((status, body): Reply) -> Response {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+async fn submit(State(h): State<BrokerHandle>, body: Bytes) -> Response {
+    respond(call(&h, Call::Submit(body)).await)
+}
+
+async fn list_jobs(State(h): State<BrokerHandle>) -> Response {
+    respond(call(&h, Call::ListJobs).await)
+}
+
+async fn get_job(State(h): State<BrokerHandle>, Path(id): Path<String>) -> Response {
+    respond(call(&h, Call::GetJob(id)).await)
+}
+
+async fn cancel(State(h): State<BrokerHandle>, Path(id): Path<String>) -> Response {
+    respond(call(&h, Call::Cancel(id)).await)
+}
+
+async fn explain(State(h): State<BrokerHandle>, Path(id): Path<String>) -> Response {
+    respond(call(&h, Call::Explain(id)).await)
+}
+
+#[derive(Deserialize)]
+struct LinesParam {
+    lines: Option<u32>,
+}
+
+async fn logs(
+    State(h): State<BrokerHandle>,
+    Path(id): Path<String>,
+    Query(q): Query<LinesParam>,
+) -> Response {
+    respond(call(&h, Call::Logs(id, q.lines.unwrap_or(100))).await)
+}
+
+async fn list_sites(State(h): State<BrokerHandle>) -> Response {
+    respond(call(&h, Call::ListSites).await)
+}
+
+#[derive(Deserialize)]
+struct DrainBody {
+    #[serde(default = "yes")]
+    drain: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+async fn drain(State(h): State<BrokerHandle>, Path(id): Path<String>, body: Bytes) -> Response {
+    let drain = if body.is_empty() {
+        true
+    } else {
+        match serde_json::from_slice::<DrainBody>(&body) {
+            Ok(b) => b.drain,
+            Err(e) => {
+                return respond((
+                    400,
+                    serde_json::to_vec(&meridian_federation::ApiReply::<()>::err(
+                        meridian_federation::ErrorBody::new(
+                            meridian_federation::ErrorCode::Malformed,
+                            None,
+                            format!("drain body: {e}"),
+                        ),
+                    ))
+                    .unwrap_or_default(),
+                ))
+            }
+        }
+    };
+    respond(call(&h, Call::Drain(id, drain)).await)
+}

@@ -1,0 +1,409 @@
+//! The broker's async shell: one task owns the reactor and feeds it events from NATS, the HTTP API and a
+//! clock; it sends what the reactor puts in its outbox. Nothing here decides placement.
+#![allow(clippy::disallowed_methods)] // a shell: reads the clock
+
+pub mod api;
+pub mod http;
+
+use crate::core::journal::MemoryJournal;
+use crate::core::latency::RttTable;
+use crate::core::reactor::{Command, CoreConfig, Event, Reactor, Response, StepError};
+use crate::core::regions::{parse_geojson, Regions};
+use crate::core::views;
+use anyhow::Context;
+use bytes::Bytes;
+use futures::StreamExt;
+use meridian_federation::subjects::{self, SiteTopic};
+use meridian_federation::{
+    decode, encode, BrokerHello, ExplainView, Heartbeat, JobId, JobStatus, JobView, OfferOutcome,
+    OfferReply, SiteAdvert, SiteId, SiteView, StatusAck, WIRE_VERSION,
+};
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::sync::{mpsc, oneshot};
+
+/// Settings of `meridian broker`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct BrokerConfig {
+    /// NATS server URL.
+    #[arg(long, env = "MERIDIAN_NATS", default_value = "nats://127.0.0.1:4222")]
+    pub nats: String,
+    /// Address of the HTTP API (port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    pub http: String,
+    /// Write the HTTP API's bound address to this file once listening.
+    #[arg(long)]
+    pub http_addr_file: Option<PathBuf>,
+    /// A site whose heartbeats stop for this long is declared lost and its jobs are requeued, ms.
+    #[arg(long, default_value_t = 10_000)]
+    pub site_lost_after_ms: u64,
+    /// An offer not answered within this is withdrawn and the next site is tried, ms.
+    #[arg(long, default_value_t = 5_000)]
+    pub offer_timeout_ms: u64,
+    /// Period of the clock that drives timeouts and retries, ms.
+    #[arg(long, default_value_t = 250)]
+    pub tick_ms: u64,
+    /// Residency region as NAME=FILE.geojson; repeatable.
+    #[arg(long = "region", value_parser = parse_region)]
+    pub regions: Vec<(String, PathBuf)>,
+    /// Measured round-trip table (CSV: from_region,to_region,from_id,to_id,rtt_ms).
+    #[arg(long)]
+    pub rtt_table: Option<PathBuf>,
+}
+
+fn parse_region(s: &str) -> Result<(String, PathBuf), String> {
+    let (name, path) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected NAME=FILE, got {s:?}"))?;
+    meridian_federation::ids::check_id(name).map_err(|e| format!("region name {name:?} {e}"))?;
+    Ok((name.to_owned(), PathBuf::from(path)))
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Read-only questions to the reactor task.
+#[derive(Debug)]
+pub enum Query {
+    Jobs,
+    Job(JobId),
+    Explain(JobId),
+    Sites,
+    /// Where the job's latest attempt ran: site and attempt.
+    Placement(JobId),
+}
+
+#[derive(Debug)]
+pub enum Answer {
+    Jobs(Vec<JobView>),
+    Job(Option<JobView>),
+    Explain(Option<ExplainView>),
+    Sites(Vec<SiteView>),
+    Placement(Option<(SiteId, u32)>),
+}
+
+enum Input {
+    Event(Event, Option<oneshot::Sender<Result<Response, StepError>>>),
+    Query(Query, oneshot::Sender<Answer>),
+}
+
+/// A handle to the reactor task, shared by the API front ends.
+#[derive(Clone)]
+pub struct BrokerHandle {
+    tx: mpsc::UnboundedSender<Input>,
+    pub client: async_nats::Client,
+}
+
+impl BrokerHandle {
+    pub async fn step(&self, event: Event) -> Result<Response, StepError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Input::Event(event, Some(tx)))
+            .map_err(|_| stopped())?;
+        rx.await.map_err(|_| stopped())?
+    }
+
+    pub async fn query(&self, q: Query) -> Option<Answer> {
+        let (tx, rx) = oneshot::channel();
+        self.tx.send(Input::Query(q, tx)).ok()?;
+        rx.await.ok()
+    }
+
+    fn feed(&self, event: Event) {
+        let _ = self.tx.send(Input::Event(event, None));
+    }
+}
+
+fn stopped() -> StepError {
+    StepError::Journal(crate::core::journal::JournalError::Unavailable(
+        "broker is stopping".into(),
+    ))
+}
+
+fn load_regions(cfg: &BrokerConfig) -> anyhow::Result<Regions> {
+    let mut regions = Regions::default();
+    for (name, path) in &cfg.regions {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading region {name} from {}", path.display()))?;
+        let area = parse_geojson(&text)
+            .map_err(|e| anyhow::anyhow!("region {name} ({}): {e}", path.display()))?;
+        regions.insert(name, area);
+    }
+    Ok(regions)
+}
+
+fn load_rtt(cfg: &BrokerConfig) -> anyhow::Result<RttTable> {
+    match &cfg.rtt_table {
+        None => Ok(RttTable::default()),
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            RttTable::from_azure_csv(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+        }
+    }
+}
+
+/// Runs the broker until SIGINT or SIGTERM.
+pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
+    let regions = load_regions(&cfg)?;
+    let rtt = load_rtt(&cfg)?;
+    tracing::info!(
+        "{} residency regions, {} measured round trips",
+        regions.names().count(),
+        rtt.len()
+    );
+    let core = CoreConfig {
+        site_lost_after_ms: cfg.site_lost_after_ms,
+        offer_timeout_ms: cfg.offer_timeout_ms,
+        refusal_cooldown_ms: cfg.offer_timeout_ms.max(2_000) * 2,
+    };
+    let reactor = Reactor::new(core, rtt, regions, MemoryJournal::default());
+    let client = async_nats::ConnectOptions::new()
+        .name("meridian broker")
+        .retry_on_initial_connect()
+        .max_reconnects(None)
+        .connect(&cfg.nats)
+        .await
+        .with_context(|| format!("connecting to {}", cfg.nats))?;
+    tracing::info!("connected to {}", cfg.nats);
+
+    let (tx, rx) = mpsc::unbounded_channel();
+    let handle = BrokerHandle {
+        tx,
+        client: client.clone(),
+    };
+    let reactor_task = tokio::spawn(reactor_loop(
+        reactor,
+        rx,
+        handle.clone(),
+        Duration::from_millis(cfg.tick_ms.max(10)),
+        Duration::from_millis(cfg.offer_timeout_ms),
+    ));
+
+    spawn_site_listener(&handle, SiteTopic::Advert).await?;
+    spawn_site_listener(&handle, SiteTopic::Heartbeat).await?;
+    spawn_site_listener(&handle, SiteTopic::Status).await?;
+    let api_sub = client.subscribe(subjects::api::ALL).await?;
+    tokio::spawn(api::serve_nats(handle.clone(), api_sub));
+
+    let listener = tokio::net::TcpListener::bind(&cfg.http)
+        .await
+        .with_context(|| format!("binding the HTTP API to {}", cfg.http))?;
+    let addr = listener.local_addr()?;
+    tracing::info!("HTTP API on http://{addr}");
+    if let Some(path) = &cfg.http_addr_file {
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, addr.to_string())?;
+        std::fs::rename(&tmp, path)?;
+    }
+    let app = http::router(handle.clone());
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!("HTTP API stopped: {e}");
+        }
+    });
+
+    // Ask agents for their adverts: after a restart the broker knows no sites.
+    let hello = encode(&BrokerHello {
+        v: WIRE_VERSION,
+        sent_at_ms: now_ms(),
+    })?;
+    client
+        .publish(subjects::BROKER_HELLO, Bytes::from(hello))
+        .await?;
+
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = sigterm.recv() => {}
+        r = reactor_task => { r?; }
+    }
+    tracing::info!("broker stopping");
+    Ok(())
+}
+
+/// Subscribes to one topic of every site and turns each valid message into a reactor event. Invalid messages
+/// are logged with the reason and dropped; a status request gets an error reply so the agent sees why.
+async fn spawn_site_listener(handle: &BrokerHandle, topic: SiteTopic) -> anyhow::Result<()> {
+    let mut sub = handle.client.subscribe(subjects::all_sites(topic)).await?;
+    let h = handle.clone();
+    tokio::spawn(async move {
+        while let Some(m) = sub.next().await {
+            let Some((site, _)) = subjects::parse_site(&m.subject) else {
+                continue;
+            };
+            let event = match topic {
+                SiteTopic::Advert => decode::<SiteAdvert>(&m.payload).and_then(|a| {
+                    same_site(&site, &a.site.id)?;
+                    Ok(Event::Advert(a))
+                }),
+                SiteTopic::Heartbeat => decode::<Heartbeat>(&m.payload).and_then(|b| {
+                    same_site(&site, &b.site)?;
+                    Ok(Event::Heartbeat(b))
+                }),
+                SiteTopic::Status => decode::<JobStatus>(&m.payload).and_then(|s| {
+                    same_site(&site, &s.site)?;
+                    Ok(Event::Status(s))
+                }),
+                _ => continue,
+            };
+            match event {
+                Ok(Event::Status(s)) => {
+                    let ack = StatusAck {
+                        v: WIRE_VERSION,
+                        job: s.job.clone(),
+                        attempt: s.attempt,
+                    };
+                    let applied = h.step(Event::Status(s)).await;
+                    if let (Some(reply), Ok(_)) = (m.reply, applied) {
+                        if let Ok(body) = encode(&ack) {
+                            let _ = h.client.publish(reply, Bytes::from(body)).await;
+                        }
+                    }
+                }
+                Ok(e) => h.feed(e),
+                Err(err) => {
+                    tracing::warn!(
+                        "dropped a bad {} message from site {site}: {err}",
+                        topic.as_str()
+                    );
+                    if let Some(reply) = m.reply {
+                        let body = meridian_federation::ApiReply::<()>::err(err.to_body());
+                        if let Ok(body) = encode(&body) {
+                            let _ = h.client.publish(reply, Bytes::from(body)).await;
+                        }
+                    }
+                }
+            }
+        }
+    });
+    Ok(())
+}
+
+fn same_site(
+    subject_site: &SiteId,
+    body_site: &SiteId,
+) -> Result<(), meridian_federation::WireError> {
+    if subject_site != body_site {
+        return Err(meridian_federation::WireError::invalid(
+            "site",
+            format!("message for site {body_site} arrived on the subject of site {subject_site}"),
+        ));
+    }
+    Ok(())
+}
+
+async fn reactor_loop(
+    mut reactor: Reactor<MemoryJournal>,
+    mut rx: mpsc::UnboundedReceiver<Input>,
+    handle: BrokerHandle,
+    tick: Duration,
+    offer_timeout: Duration,
+) {
+    let mut clock = tokio::time::interval(tick);
+    clock.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            input = rx.recv() => {
+                let Some(input) = input else { return };
+                match input {
+                    Input::Event(event, reply) => {
+                        let r = reactor.step(now_ms(), event);
+                        if let Err(e) = &r {
+                            tracing::debug!("step refused: {e}");
+                        }
+                        if let Some(tx) = reply {
+                            let _ = tx.send(r);
+                        }
+                    }
+                    Input::Query(q, tx) => {
+                        let _ = tx.send(answer(&reactor, q));
+                    }
+                }
+            }
+            _ = clock.tick() => {
+                if let Err(e) = reactor.step(now_ms(), Event::Tick) {
+                    tracing::error!("tick failed: {e}");
+                }
+            }
+        }
+        for command in reactor.take_outbox() {
+            send(&handle, command, offer_timeout);
+        }
+    }
+}
+
+fn answer(reactor: &Reactor<MemoryJournal>, q: Query) -> Answer {
+    let st = &reactor.state;
+    match q {
+        Query::Jobs => Answer::Jobs(
+            st.jobs
+                .values()
+                .map(|j| views::job_view(j, &st.sites, &reactor.rtt))
+                .collect(),
+        ),
+        Query::Job(id) => Answer::Job(
+            st.jobs
+                .get(&id)
+                .map(|j| views::job_view(j, &st.sites, &reactor.rtt)),
+        ),
+        Query::Explain(id) => Answer::Explain(st.jobs.get(&id).map(views::explain_view)),
+        Query::Sites => Answer::Sites(st.sites.values().map(views::site_view).collect()),
+        Query::Placement(id) => Answer::Placement(st.jobs.get(&id).and_then(|j| {
+            let site = views::job_view(j, &st.sites, &reactor.rtt).site?;
+            (j.attempt > 0).then_some((site, j.attempt))
+        })),
+    }
+}
+
+/// Sends one outbox command. Offers are requests: the answer comes back as an event; a missing answer is
+/// left to the reactor's offer timeout.
+fn send(handle: &BrokerHandle, command: Command, offer_timeout: Duration) {
+    let h = handle.clone();
+    tokio::spawn(async move {
+        match command {
+            Command::Offer(offer) => {
+                let Ok(body) = encode(&offer) else { return };
+                let subject = subjects::site(&offer.site, SiteTopic::Offer);
+                let reply = tokio::time::timeout(
+                    offer_timeout,
+                    h.client.request(subject, Bytes::from(body)),
+                )
+                .await;
+                let outcome = match reply {
+                    Err(_) => return,
+                    Ok(Err(e)) => OfferOutcome::Rejected {
+                        reason: format!("no answer: {e}"),
+                    },
+                    Ok(Ok(m)) => match decode::<OfferReply>(&m.payload) {
+                        Ok(r) if r.job == offer.job && r.attempt == offer.attempt => r.outcome,
+                        Ok(_) => OfferOutcome::Rejected {
+                            reason: "answer names another attempt".into(),
+                        },
+                        Err(e) => OfferOutcome::Rejected {
+                            reason: format!("unreadable answer: {e}"),
+                        },
+                    },
+                };
+                h.feed(Event::OfferAnswer {
+                    site: offer.site,
+                    job: offer.job,
+                    attempt: offer.attempt,
+                    outcome,
+                });
+            }
+            Command::Cancel { site, cancel } => {
+                if let Ok(body) = encode(&cancel) {
+                    let _ = h
+                        .client
+                        .publish(subjects::site(&site, SiteTopic::Cancel), Bytes::from(body))
+                        .await;
+                }
+            }
+        }
+    });
+}
