@@ -1,0 +1,417 @@
+//! End to end: real nats-server, real `meridian broker` and `meridian-agent` processes.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
+
+use meridian_e2e::*;
+use serde_json::json;
+use std::time::{Duration, Instant};
+
+const LONG: Duration = Duration::from_secs(40);
+
+fn demo() -> Fed {
+    Fed::start(&configs().join("federation-demo.toml"))
+}
+
+fn site_of(f: &Fed, id: &str) -> String {
+    f.job(id)["site"].as_str().unwrap_or("-").to_owned()
+}
+
+/// (a) inference near Frankfurt users goes to the Frankfurt edge; (b) EU residency never leaves the EU polygon
+/// even when a US site is cheaper; (c) green and cost pick different sites; (d) a big dataset pulls the job.
+#[test]
+fn placement_on_the_demo_federation() {
+    let f = demo();
+    // (a)
+    let mut inf = job("a-inference", 0, "while true; do sleep 1; done");
+    inf["kind"] = json!("inference");
+    inf["resources"] = json!({"kind": "gpu", "milli": 500});
+    inf["users"] = json!([
+        {"name": "Frankfurt", "location": {"lat": 50.1167, "lon": 8.6833}, "weight": 3},
+        {"name": "Mainz", "location": {"lat": 49.99, "lon": 8.25}, "weight": 1}
+    ]);
+    let a = f.submit(&inf);
+    f.wait_phase(&a, "running", LONG);
+    assert_eq!(site_of(&f, &a), "edge-frankfurt", "{}", f.explain(&a));
+
+    // (b) A100 in the EU exists only in the cloud; dc-virginia's A100s are cheaper but in the US.
+    let mut eu = job("b-eu", 1, "true");
+    eu["policy"] = json!("cost");
+    eu["resources"]["models"] = json!(["A100"]);
+    eu["constraints"] = json!({"residency": "eu"});
+    let b = f.submit(&eu);
+    f.wait_phase(&b, "succeeded", LONG);
+    assert_eq!(site_of(&f, &b), "cloud-westeurope", "{}", f.explain(&b));
+    let explained = f.explain(&b);
+    let virginia = explained["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["site"] == "dc-virginia")
+        .unwrap()
+        .clone();
+    assert!(
+        virginia["rejected"]
+            .as_str()
+            .unwrap()
+            .contains("outside residency region eu"),
+        "{virginia}"
+    );
+
+    // (c) The same flexible training job under two policies.
+    let mut train = job("c-green", 2, "true");
+    train["kind"] = json!("training");
+    train["resources"]["models"] = json!(["A100", "H100"]);
+    train["policy"] = json!("green");
+    let green = f.submit(&train);
+    train["idempotency_key"] = json!("c-cost");
+    train["policy"] = json!("cost");
+    let cost = f.submit(&train);
+    f.wait_phase(&green, "succeeded", LONG);
+    f.wait_phase(&cost, "succeeded", LONG);
+    assert_eq!(site_of(&f, &green), "dc-oregon", "{}", f.explain(&green));
+    assert_eq!(site_of(&f, &cost), "dc-virginia", "{}", f.explain(&cost));
+
+    // (d) Balanced picks Oregon for a plain job, Virginia when the job reads the 90 TB crawl held there.
+    let mut plain = job("d-plain", 1, "true");
+    plain["policy"] = json!("balanced");
+    plain["resources"]["models"] = json!(["A100", "H100"]);
+    let p = f.submit(&plain);
+    let mut data = plain.clone();
+    data["idempotency_key"] = json!("d-data");
+    data["datasets"] = json!([{"name": "common-crawl-2024", "size_bytes": 90_000_000_000_000u64}]);
+    let d = f.submit(&data);
+    f.wait_phase(&p, "succeeded", LONG);
+    f.wait_phase(&d, "succeeded", LONG);
+    assert_eq!(site_of(&f, &p), "dc-oregon", "{}", f.explain(&p));
+    assert_eq!(site_of(&f, &d), "dc-virginia", "{}", f.explain(&d));
+}
+
+/// (e) With the owned site full, a job waits `max_wait`, then bursts to the cloud site, never earlier.
+#[test]
+fn burst_to_cloud_only_after_max_wait() {
+    let f = Fed::generated(
+        &[
+            SiteSpec {
+                id: "owned",
+                tier: "owned",
+                lat: 39.0,
+                lon: -77.4,
+                model: "A100",
+                count: 1,
+                price: 1.0,
+                carbon: 300,
+            },
+            SiteSpec {
+                id: "cloud",
+                tier: "cloud",
+                lat: 39.0,
+                lon: -77.4,
+                model: "A100",
+                count: 4,
+                price: 4.0,
+                carbon: 300,
+            },
+        ],
+        "",
+    );
+    let filler = f.submit(&job("filler", 1, "sleep 30"));
+    f.wait_phase(&filler, "running", LONG);
+    assert_eq!(site_of(&f, &filler), "owned");
+    let mut burst = job("burst", 1, "true");
+    burst["max_wait_s"] = json!(4);
+    let submitted = Instant::now();
+    let b = f.submit(&burst);
+    std::thread::sleep(Duration::from_millis(1500));
+    let pending = f.job(&b);
+    assert_eq!(pending["phase"], "pending", "{pending}");
+    assert!(
+        pending["why"]
+            .as_str()
+            .unwrap()
+            .contains("cloud burst allowed in"),
+        "{pending}"
+    );
+    f.wait_until("the burst job to leave pending", LONG, || {
+        f.job(&b)["phase"] != "pending"
+    });
+    let waited = submitted.elapsed();
+    assert!(
+        waited >= Duration::from_secs(4),
+        "burst after {waited:?}, before max_wait"
+    );
+    f.wait_phase(&b, "succeeded", LONG);
+    assert_eq!(site_of(&f, &b), "cloud");
+}
+
+/// (f) kill -9 of an agent: its running job is requeued and finishes elsewhere, and the job's process on the
+/// dead agent's side stops (the witness file shows attempt 1 never finished).
+#[test]
+fn a_killed_agent_loses_no_job_and_leaves_no_process() {
+    let mut f = Fed::generated(
+        &[
+            SiteSpec {
+                id: "first",
+                tier: "owned",
+                lat: 39.0,
+                lon: -77.4,
+                model: "A100",
+                count: 2,
+                price: 1.0,
+                carbon: 300,
+            },
+            SiteSpec {
+                id: "second",
+                tier: "owned",
+                lat: 45.8,
+                lon: -119.7,
+                model: "A100",
+                count: 2,
+                price: 2.0,
+                carbon: 300,
+            },
+        ],
+        "site_lost_after_ms = 2000",
+    );
+    let witness = f.scratch.path().join("witness");
+    let cmd = format!(
+        "echo \"$MERIDIAN_JOB_ID $MERIDIAN_ATTEMPT start $MERIDIAN_SITE_ID\" >> {w}; sleep 6; \
+         echo \"$MERIDIAN_JOB_ID $MERIDIAN_ATTEMPT end $MERIDIAN_SITE_ID\" >> {w}",
+        w = witness.display()
+    );
+    let mut spec = job("survivor", 1, &cmd);
+    spec["policy"] = json!("cost");
+    let id = f.submit(&spec);
+    f.wait_phase(&id, "running", LONG);
+    assert_eq!(site_of(&f, &id), "first");
+    f.wait_until("attempt 1 to start", LONG, || {
+        std::fs::read_to_string(&witness).is_ok_and(|w| w.contains("start first"))
+    });
+    f.fed.kill_agent("first");
+    let done = f.wait_phase(&id, "succeeded", Duration::from_secs(60));
+    assert_eq!(done["site"], "second", "{done}");
+    assert!(done["attempt"].as_u64().unwrap() >= 2, "{done}");
+    // Long enough for attempt 1 to have finished had it survived.
+    std::thread::sleep(Duration::from_secs(2));
+    let w = std::fs::read_to_string(&witness).unwrap();
+    assert!(w.contains(&format!("{id} 1 start first")), "{w}");
+    assert!(
+        !w.contains(&format!("{id} 1 end")),
+        "attempt 1 kept running after its agent died:\n{w}"
+    );
+    assert!(w.lines().any(|l| l.ends_with("end second")), "{w}");
+}
+
+/// (g) Malformed and invalid jobs get clear errors naming the problem; the broker stays up and a valid job
+/// sent right after succeeds.
+#[test]
+fn bad_input_gets_clear_errors_and_loses_nothing() {
+    let f = Fed::generated(
+        &[SiteSpec {
+            id: "only",
+            tier: "owned",
+            lat: 50.1,
+            lon: 8.7,
+            model: "A100",
+            count: 2,
+            price: 1.0,
+            carbon: 300,
+        }],
+        "",
+    );
+    let (status, v) = f.post("/v1/jobs", b"{\"v\": 1, \"tenant\": ");
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["code"], "malformed", "{v}");
+
+    let mut neg = job("neg", 1, "true");
+    neg["resources"]["count"] = json!(-1);
+    let (status, v) = f.post("/v1/jobs", neg.to_string().as_bytes());
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["field"], "resources.count", "{v}");
+
+    let mut tpu = job("tpu", 1, "true");
+    tpu["resources"]["kind"] = json!("tpu");
+    let (status, v) = f.post("/v1/jobs", tpu.to_string().as_bytes());
+    assert_eq!(status, 400, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("unknown variant `tpu`"),
+        "{v}"
+    );
+
+    let mut lat = job("lat", 1, "true");
+    lat["users"] = json!([{"location": {"lat": 200.0, "lon": 8.0}}]);
+    let (status, v) = f.post("/v1/jobs", lat.to_string().as_bytes());
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["field"], "users[0].location.lat", "{v}");
+
+    let mut mars = job("mars", 1, "true");
+    mars["constraints"] = json!({"residency": "mars"});
+    let (status, v) = f.post("/v1/jobs", mars.to_string().as_bytes());
+    assert_eq!(status, 400, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("known regions: eu"),
+        "{v}"
+    );
+
+    let big = vec![b'x'; 2 * 1024 * 1024];
+    let (status, _) = f.post("/v1/jobs", &big);
+    assert_eq!(status, 413);
+
+    let (status, v) = f.get("/v1/jobs/not.an.id");
+    assert_eq!(status, 400, "{v}");
+    let (status, _) = f.get("/v1/jobs/j-999999");
+    assert_eq!(status, 404);
+
+    // The same through the NATS API, with the CLI.
+    let bad = f.scratch.path().join("bad.json");
+    std::fs::write(&bad, neg.to_string()).unwrap();
+    let out = f.cli(&["submit", bad.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("resources.count"), "{err}");
+
+    let ok = f.submit(&job("fine", 1, "true"));
+    f.wait_phase(&ok, "succeeded", LONG);
+    let (_, jobs) = f.get("/v1/jobs");
+    assert_eq!(
+        jobs["ok"].as_array().unwrap().len(),
+        1,
+        "refused jobs must not be recorded: {jobs}"
+    );
+}
+
+/// (h) A job's command really runs with its environment, and its status carries the exit code.
+#[test]
+fn a_job_runs_for_real_and_reports_its_exit_code() {
+    let f = Fed::generated(
+        &[SiteSpec {
+            id: "solo",
+            tier: "owned",
+            lat: 50.1,
+            lon: 8.7,
+            model: "A100",
+            count: 4,
+            price: 1.0,
+            carbon: 300,
+        }],
+        "",
+    );
+    let out = f.scratch.path().join("out.txt");
+    let cmd = format!(
+        "echo \"$MERIDIAN_JOB_ID $MERIDIAN_SITE_ID $CUDA_VISIBLE_DEVICES\" > {}; echo to-the-log",
+        out.display()
+    );
+    let id = f.submit(&job("writer", 2, &cmd));
+    let done = f.wait_phase(&id, "succeeded", LONG);
+    assert_eq!(done["exit_code"], 0);
+    let written = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(written.trim(), format!("{id} solo 0,1"));
+    let logs = f.cli(&["logs", &id]);
+    assert!(
+        String::from_utf8_lossy(&logs.stdout).contains("to-the-log"),
+        "{logs:?}"
+    );
+
+    let failing = f.submit(&job("failing", 1, "exit 3"));
+    let failed = f.wait_phase(&failing, "failed", LONG);
+    assert_eq!(failed["exit_code"], 3, "{failed}");
+}
+
+/// (i) nats-server restarts mid-run: agents and broker reconnect and the run completes.
+#[test]
+fn the_run_survives_a_nats_restart() {
+    let mut f = Fed::generated(
+        &[SiteSpec {
+            id: "steady",
+            tier: "owned",
+            lat: 50.1,
+            lon: 8.7,
+            model: "A100",
+            count: 2,
+            price: 1.0,
+            carbon: 300,
+        }],
+        "site_lost_after_ms = 15000",
+    );
+    let id = f.submit(&job("through", 1, "sleep 4"));
+    f.wait_phase(&id, "running", LONG);
+    f.fed.nats.restart().expect("nats restarts");
+    f.wait_phase(&id, "succeeded", Duration::from_secs(60));
+    let after = f.submit(&job("after", 1, "true"));
+    f.wait_phase(&after, "succeeded", LONG);
+}
+
+/// (j) Cancel stops a running job's whole process group; an idempotent resubmission creates no second job; a
+/// drained site gets no new work.
+#[test]
+fn cancel_idempotency_and_drain() {
+    let f = Fed::generated(
+        &[
+            SiteSpec {
+                id: "cheap",
+                tier: "owned",
+                lat: 39.0,
+                lon: -77.4,
+                model: "A100",
+                count: 2,
+                price: 1.0,
+                carbon: 300,
+            },
+            SiteSpec {
+                id: "dear",
+                tier: "owned",
+                lat: 39.0,
+                lon: -77.4,
+                model: "A100",
+                count: 2,
+                price: 3.0,
+                carbon: 300,
+            },
+        ],
+        "",
+    );
+    let pidfile = f.scratch.path().join("child.pid");
+    let cmd = format!("sleep 120 & echo $! > {}; wait", pidfile.display());
+    let mut spec = job("long", 1, &cmd);
+    spec["policy"] = json!("cost");
+    let id = f.submit(&spec);
+    f.wait_phase(&id, "running", LONG);
+    f.wait_until("the child pid", LONG, || {
+        std::fs::read_to_string(&pidfile).is_ok_and(|s| !s.trim().is_empty())
+    });
+    let child: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(process_alive(child));
+
+    // Same key, same spec: the first job comes back.
+    let (status, again) = f.post("/v1/jobs", spec.to_string().as_bytes());
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again["ok"]["job"], id.as_str());
+    assert_eq!(again["ok"]["created"], false);
+
+    let out = f.cli(&["cancel", &id]);
+    assert!(out.status.success(), "{out:?}");
+    f.wait_phase(&id, "cancelled", LONG);
+    f.wait_until(
+        "the job's child process to die",
+        Duration::from_secs(10),
+        || !process_alive(child),
+    );
+
+    let (status, _) = f.post("/v1/sites/cheap/drain", b"{\"drain\": true}");
+    assert_eq!(status, 200);
+    let mut next = job("after-drain", 1, "true");
+    next["policy"] = json!("cost");
+    let n = f.submit(&next);
+    f.wait_phase(&n, "succeeded", LONG);
+    assert_eq!(site_of(&f, &n), "dear", "{}", f.explain(&n));
+    let (_, jobs) = f.get("/v1/jobs");
+    assert_eq!(jobs["ok"].as_array().unwrap().len(), 2);
+}
