@@ -123,39 +123,34 @@ impl Fed {
         format!("{}{path}", self.fed.http)
     }
 
-    pub fn get(&self, path: &str) -> (u16, Value) {
-        let mut r = self.agent.get(&self.url(path)).call().expect("GET");
+    /// Reads a reply: its status and JSON body (or the text, when it is not JSON).
+    fn read(
+        reply: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
+        what: &str,
+    ) -> (u16, Value) {
+        let mut r = reply.unwrap_or_else(|e| panic!("{what}: {e}"));
         let status = r.status().as_u16();
-        let body = r.body_mut().read_to_string().expect("body");
+        let text = r.body_mut().read_to_string().expect("body");
         (
             status,
-            serde_json::from_str(&body).unwrap_or(Value::String(body)),
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
         )
+    }
+
+    pub fn get(&self, path: &str) -> (u16, Value) {
+        Self::read(self.agent.get(&self.url(path)).call(), "GET")
     }
 
     pub fn post(&self, path: &str, body: &[u8]) -> (u16, Value) {
-        let mut r = self
+        let req = self
             .agent
             .post(&self.url(path))
-            .header("content-type", "application/json")
-            .send(body)
-            .expect("POST");
-        let status = r.status().as_u16();
-        let text = r.body_mut().read_to_string().expect("body");
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
+            .header("content-type", "application/json");
+        Self::read(req.send(body), "POST")
     }
 
     pub fn delete(&self, path: &str) -> (u16, Value) {
-        let mut r = self.agent.delete(&self.url(path)).call().expect("DELETE");
-        let status = r.status().as_u16();
-        let text = r.body_mut().read_to_string().expect("body");
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
+        Self::read(self.agent.delete(&self.url(path)).call(), "DELETE")
     }
 
     /// Submits a job; returns its id.

@@ -140,6 +140,10 @@ fn burst_to_cloud_only_after_max_wait() {
     );
     f.wait_phase(&b, "succeeded", LONG);
     assert_eq!(site_of(&f, &b), "cloud");
+    // Cancel over HTTP stops the filler that held the owned site.
+    let (status, v) = f.delete(&format!("/v1/jobs/{filler}"));
+    assert_eq!(status, 200, "{v}");
+    f.wait_phase(&filler, "cancelled", LONG);
 }
 
 /// (f) kill -9 of an agent: its running job is requeued and finishes elsewhere, and the job's process on the
