@@ -26,7 +26,10 @@
 //! | `green` | 0.01 | 0.2 | 1 | 0 | 0 |
 //! | `balanced` | 1 | 0 | 1 | 1 | 0.5 |
 //!
-//! A job without a policy gets `latency` if it is an inference job, else `balanced`.
+//! `latency`, `cost` and `green` are single-criterion: the candidate best on their first term wins and the
+//! other terms only break exact ties (cost → carbon → latency; carbon → energy → cost; latency → cost →
+//! carbon); their weights above give the score shown in explanations. `balanced` and explicit weights choose
+//! the lowest score. A job without a policy gets `latency` if it is an inference job, else `balanced`.
 //!
 //! ## Spill-over
 //! Owned sites first, then partner sites; cloud sites only when no owned or partner site can take the job now
@@ -261,6 +264,18 @@ pub fn weights(policy: &Policy) -> Weights {
     }
 }
 
+/// Term order of the single-criterion policies: the first term decides, the next ones only break ties
+/// (indices into [`Terms::values`]: cost, energy, carbon, latency, data). `balanced` and explicit weights
+/// choose by score.
+fn lexicographic(policy: &Policy) -> Option<[usize; 3]> {
+    match policy {
+        Policy::Cost => Some([0, 2, 3]),
+        Policy::Green => Some([2, 1, 0]),
+        Policy::Latency => Some([3, 0, 2]),
+        Policy::Balanced | Policy::Weights(_) => None,
+    }
+}
+
 /// The policy a job is placed under.
 pub fn policy_of(spec: &JobSpec) -> Policy {
     spec.policy.clone().unwrap_or(match spec.kind {
@@ -386,7 +401,9 @@ pub fn place(view: View<'_>, req: Request<'_>, now: Millis) -> Decision {
         }
     }
     let ws = [w.cost, w.energy, w.carbon, w.latency, w.data];
+    let order = lexicographic(&policy);
     let mut winner: Option<(f64, usize, &Vec<DeviceShare>)> = None;
+    let mut winner_key: Vec<f64> = Vec::new();
     for (i, devices) in in_tier {
         let Some(t) = candidates[*i].terms.as_mut() else {
             continue;
@@ -400,9 +417,17 @@ pub fn place(view: View<'_>, req: Request<'_>, now: Millis) -> Decision {
             .map(|(((v, b), f), w)| w * ((v + f) / (b + f) - 1.0))
             .sum();
         t.score = score;
-        // Candidates are visited in site-id order, so a strict `<` keeps the first of equal scores.
-        if winner.as_ref().is_none_or(|(s, _, _)| score < *s) {
+        let values = t.values();
+        let key: Vec<f64> = match order {
+            Some(o) => o.iter().map(|k| values[*k]).collect(),
+            None => vec![score],
+        };
+        // Candidates are visited in site-id order, so a strict `<` keeps the first of equal keys.
+        let better =
+            winner.is_none() || key.partial_cmp(&winner_key) == Some(std::cmp::Ordering::Less);
+        if better {
             winner = Some((score, *i, devices));
+            winner_key = key;
         }
     }
     for (i, _) in &ready {

@@ -551,7 +551,13 @@ impl<J: Journal> Reactor<J> {
                     );
                 } else {
                     self.meter(&s);
-                    self.requeue(now, &id, &format!("interrupted at {}: {reason}", s.site));
+                    // Skip the site for a while, so one that cannot start the job does not get it back at once.
+                    self.refuse(
+                        now,
+                        &id,
+                        &s.site,
+                        &format!("requeued: interrupted at {}: {reason}", s.site),
+                    );
                     self.try_place(now, &id);
                 }
             }

@@ -328,6 +328,25 @@ fn a_lost_site_requeues_its_jobs_elsewhere() {
 }
 
 #[test]
+fn an_interrupted_attempt_is_requeued_to_another_site() {
+    let mut env = TestEnv::new(trio());
+    let id = env.submit(job("k1", 1));
+    let first = env.take_offers().remove(0);
+    env.answer(&first, OfferOutcome::Accepted);
+    env.status(
+        &first,
+        AttemptState::Interrupted {
+            reason: "agent restarted".into(),
+        },
+        500,
+    );
+    let second = env.take_offers().remove(0);
+    assert_ne!(second.site, first.site);
+    assert_eq!(second.attempt, first.attempt + 1);
+    assert_eq!(env.reactor.state.jobs[&id].runtime_ms, 500);
+}
+
+#[test]
 fn cancel_pending_and_running_jobs() {
     let mut env = TestEnv::new(vec![site("s", Tier::Owned, 0.0, 0.0)
         .gpus("A100", 1, 1.0)
@@ -484,6 +503,8 @@ mod oracle {
     }
 
     proptest! {
+        #![proptest_config(ProptestConfig::with_cases(3000))]
+
         #[test]
         fn never_breaks_a_hard_constraint_and_beats_brute_force(
             adverts in arb_sites(),
