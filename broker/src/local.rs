@@ -228,6 +228,9 @@ pub struct BrokerSection {
     /// Measured round-trip table, relative to the data folder (used when present).
     #[serde(default)]
     pub rtt_table: Option<PathBuf>,
+    /// Relative-throughput table, relative to the federation file.
+    #[serde(default)]
+    pub throughput: Option<PathBuf>,
     #[serde(default)]
     pub site_lost_after_ms: Option<u64>,
     #[serde(default)]
@@ -315,6 +318,9 @@ impl LocalFederation {
             if let Some(p) = crate::data::data_file(rtt)? {
                 cmd.arg("--rtt-table").arg(p);
             }
+        }
+        if let Some(t) = &fed.broker.throughput {
+            cmd.arg("--throughput").arg(base.join(t));
         }
         if let Some(ms) = fed.broker.site_lost_after_ms {
             cmd.args(["--site-lost-after-ms", &ms.to_string()]);

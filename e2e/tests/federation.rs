@@ -16,7 +16,7 @@ fn site_of(f: &Fed, id: &str) -> String {
 }
 
 /// (a) inference near Frankfurt users goes to the Frankfurt edge; (b) EU residency never leaves the EU polygon
-/// even when a US site is cheaper; (c) green and cost pick different sites; (d) a big dataset pulls the job.
+/// even when a US site is cheaper; (d) a big dataset pulls the job to the site that holds it.
 #[test]
 fn placement_on_the_demo_federation() {
     let f = demo();
@@ -56,20 +56,6 @@ fn placement_on_the_demo_federation() {
         "{virginia}"
     );
 
-    // (c) The same flexible training job under two policies.
-    let mut train = job("c-green", 2, "true");
-    train["kind"] = json!("training");
-    train["resources"]["models"] = json!(["A100", "H100"]);
-    train["policy"] = json!("green");
-    let green = f.submit(&train);
-    train["idempotency_key"] = json!("c-cost");
-    train["policy"] = json!("cost");
-    let cost = f.submit(&train);
-    f.wait_phase(&green, "succeeded", LONG);
-    f.wait_phase(&cost, "succeeded", LONG);
-    assert_eq!(site_of(&f, &green), "dc-oregon", "{}", f.explain(&green));
-    assert_eq!(site_of(&f, &cost), "dc-virginia", "{}", f.explain(&cost));
-
     // (d) Balanced picks Oregon for a plain job, Virginia when the job reads the 90 TB crawl held there.
     let mut plain = job("d-plain", 1, "true");
     plain["policy"] = json!("balanced");
@@ -83,6 +69,57 @@ fn placement_on_the_demo_federation() {
     f.wait_phase(&d, "succeeded", LONG);
     assert_eq!(site_of(&f, &p), "dc-oregon", "{}", f.explain(&p));
     assert_eq!(site_of(&f, &d), "dc-virginia", "{}", f.explain(&d));
+}
+
+/// (c) A flexible training job lands on the lowest-kgCO2e site under `green` and the cheapest under `cost`.
+#[test]
+fn green_and_cost_policies_choose_their_own_best() {
+    let f = Fed::generated(
+        &[
+            SiteSpec {
+                id: "cheap-coal",
+                tier: "owned",
+                lat: 39.0,
+                lon: -77.4,
+                model: "A100",
+                count: 4,
+                price: 1.5,
+                carbon: 600,
+            },
+            SiteSpec {
+                id: "mid",
+                tier: "owned",
+                lat: 41.8,
+                lon: -87.6,
+                model: "A100",
+                count: 4,
+                price: 2.5,
+                carbon: 300,
+            },
+            SiteSpec {
+                id: "dear-hydro",
+                tier: "owned",
+                lat: 45.8,
+                lon: -119.7,
+                model: "A100",
+                count: 4,
+                price: 3.5,
+                carbon: 40,
+            },
+        ],
+        "",
+    );
+    let mut train = job("c-green", 2, "true");
+    train["kind"] = json!("training");
+    train["policy"] = json!("green");
+    let green = f.submit(&train);
+    train["idempotency_key"] = json!("c-cost");
+    train["policy"] = json!("cost");
+    let cost = f.submit(&train);
+    f.wait_phase(&green, "succeeded", LONG);
+    f.wait_phase(&cost, "succeeded", LONG);
+    assert_eq!(site_of(&f, &green), "dear-hydro", "{}", f.explain(&green));
+    assert_eq!(site_of(&f, &cost), "cheap-coal", "{}", f.explain(&cost));
 }
 
 /// (e) With the owned site full, a job waits `max_wait`, then bursts to the cloud site, never earlier.

@@ -11,6 +11,7 @@ pub mod regions;
 pub mod testkit;
 #[cfg(test)]
 mod tests;
+pub mod throughput;
 pub mod views;
 
 /// Milliseconds since the Unix epoch.

@@ -4,6 +4,9 @@
 //! candidate (a site and one of its pools), its score terms or the reason it was rejected.
 //!
 //! ## Terms
+//! Device-hours are the job's expected duration (for the reference model) scaled by the pool model's relative
+//! throughput ([`super::throughput`]).
+//!
 //! - **cost**: price × device-hours + egress for `prefer` datasets not at the site, at the lowest egress price
 //!   among the sites that hold them (micro-USD);
 //! - **energy**: power × device-hours × PUE (Wh); **carbon**: energy × mean grid intensity over the expected
@@ -39,6 +42,7 @@ use super::latency::{self, RttTable};
 use super::metering::{self, Rates};
 use super::model::{Pool, Site};
 use super::regions::Regions;
+use super::throughput::Throughput;
 use super::Millis;
 use meridian_federation::{
     AcceleratorKind, DeviceShare, JobKind, JobSpec, Locality, Policy, SiteId, Tier, Weights,
@@ -59,6 +63,7 @@ pub struct View<'a> {
     pub sites: &'a BTreeMap<SiteId, Site>,
     pub rtt: &'a RttTable,
     pub regions: &'a Regions,
+    pub throughput: &'a Throughput,
 }
 
 /// The job being placed and what the broker knows of its history.
@@ -603,6 +608,8 @@ fn terms(
     now: Millis,
     duration_ms: u64,
 ) -> Terms {
+    // The expected duration is for the reference model; this pool's model runs it faster or slower.
+    let duration_ms = view.throughput.runtime_ms(duration_ms, &pool.model);
     let intensity = site.mean_intensity(now, duration_ms).round() as u32;
     let rates: Rates = site.rates(pool, intensity);
     let run = metering::amounts(&rates, spec.total_milli(), duration_ms);

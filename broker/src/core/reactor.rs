@@ -124,6 +124,7 @@ pub struct Reactor<J: Journal> {
     pub config: CoreConfig,
     pub rtt: RttTable,
     pub regions: Regions,
+    pub throughput: super::throughput::Throughput,
     journal: J,
     outbox: Vec<Command>,
 }
@@ -135,6 +136,7 @@ impl<J: Journal> Reactor<J> {
             config,
             rtt,
             regions,
+            throughput: Default::default(),
             journal,
             outbox: Vec::new(),
         }
@@ -730,6 +732,7 @@ impl<J: Journal> Reactor<J> {
             sites: &self.state.sites,
             rtt: &self.rtt,
             regions: &self.regions,
+            throughput: &self.throughput,
         };
         let request = Request {
             spec: &job.spec,

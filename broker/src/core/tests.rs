@@ -24,6 +24,7 @@ fn choose(adverts: Vec<SiteAdvert>, spec: &JobSpec, waited_ms: u64) -> Outcome {
         sites: &sites,
         rtt: &rtt,
         regions: &regions,
+        throughput: &Default::default(),
     };
     place(
         view,
@@ -80,6 +81,43 @@ fn policies_pick_their_own_best() {
         rtt_region: None,
     }];
     assert_eq!(chosen_site(&choose(trio(), &spec, 0)), "c-frankfurt");
+}
+
+#[test]
+fn faster_models_cost_less_per_job_under_the_throughput_table() {
+    let adverts = vec![
+        site("a100-site", Tier::Owned, 0.0, 0.0)
+            .gpus("A100", 4, 2.0)
+            .build(),
+        site("h100-site", Tier::Owned, 0.0, 0.0)
+            .gpus("H100", 4, 4.0)
+            .build(),
+    ];
+    let sites = sites(adverts);
+    let (rtt, regions) = (RttTable::default(), regions());
+    let mut throughput = super::throughput::Throughput::default();
+    let mut spec = job("k", 1);
+    spec.policy = Some(Policy::Cost);
+    let decide = |t: &super::throughput::Throughput| {
+        place(
+            View {
+                sites: &sites,
+                rtt: &rtt,
+                regions: &regions,
+                throughput: t,
+            },
+            Request {
+                spec: &spec,
+                waited_ms: 0,
+                refused: &[],
+            },
+            0,
+        )
+        .outcome
+    };
+    assert_eq!(chosen_site(&decide(&throughput)), "a100-site");
+    throughput.insert("H100", 3.0);
+    assert_eq!(chosen_site(&decide(&throughput)), "h100-site");
 }
 
 #[test]
@@ -205,6 +243,7 @@ fn every_candidate_is_explained() {
             sites: &sites,
             rtt: &rtt,
             regions: &regions,
+            throughput: &Default::default(),
         },
         Request {
             spec: &spec,
@@ -567,6 +606,7 @@ fn busy_candidates_say_how_much_is_free() {
             sites: &sites,
             rtt: &rtt,
             regions: &regions,
+            throughput: &Default::default(),
         },
         Request {
             spec: &spec,

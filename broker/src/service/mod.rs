@@ -49,6 +49,9 @@ pub struct BrokerConfig {
     /// Measured round-trip table (CSV: from_region,to_region,from_id,to_id,rtt_ms).
     #[arg(long)]
     pub rtt_table: Option<PathBuf>,
+    /// Relative-throughput table of accelerator models (TOML, see configs/throughput.toml).
+    #[arg(long)]
+    pub throughput: Option<PathBuf>,
 }
 
 fn parse_region(s: &str) -> Result<(String, PathBuf), String> {
@@ -161,7 +164,13 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
         offer_timeout_ms: cfg.offer_timeout_ms,
         refusal_cooldown_ms: cfg.offer_timeout_ms.max(2_000) * 2,
     };
-    let reactor = Reactor::new(core, rtt, regions, MemoryJournal::default());
+    let mut reactor = Reactor::new(core, rtt, regions, MemoryJournal::default());
+    if let Some(path) = &cfg.throughput {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        reactor.throughput = crate::core::throughput::Throughput::from_toml(&text)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    }
     let client = async_nats::ConnectOptions::new()
         .name("meridian broker")
         .retry_on_initial_connect()
