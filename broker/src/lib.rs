@@ -7,3 +7,4 @@ pub mod data;
 pub mod demo;
 pub mod local;
 pub mod service;
+pub mod sim;

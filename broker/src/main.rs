@@ -64,6 +64,46 @@ enum Cmd {
         #[arg(default_value = "configs/federation-demo.toml")]
         federation: PathBuf,
     },
+    /// Simulate a trace over a federation under each policy (and baselines), judged by an independent checker.
+    Sim {
+        /// Alibaba GPU trace v2023 pod list (CSV).
+        #[arg(long)]
+        trace: PathBuf,
+        /// Azure LLM inference trace (CSV): requests for one inference service.
+        #[arg(long)]
+        inference: Option<PathBuf>,
+        #[arg(long, default_value = "configs/sim/federation.toml")]
+        federation: PathBuf,
+        /// Run only this policy or baseline.
+        #[arg(long)]
+        policy: Option<String>,
+        /// Also run the baselines fifo-first-fit, nearest, cheapest, greenest.
+        #[arg(long)]
+        baselines: bool,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Trace time 0 maps to this instant (UTC, `YYYY-MM-DDTHH:MMZ`).
+        #[arg(long, default_value = "2022-01-01T00:00Z")]
+        start: String,
+        /// max_wait_s given to every trace job.
+        #[arg(long, default_value_t = 600)]
+        max_wait_s: u64,
+        /// Use only the first N trace tasks.
+        #[arg(long)]
+        limit: Option<usize>,
+        /// Inference round-trip SLO, ms.
+        #[arg(long, default_value_t = 50.0)]
+        slo_ms: f64,
+        /// Requests per second one inference replica serves.
+        #[arg(long, default_value_t = 2.0)]
+        replica_rps: f64,
+        /// Write an SVG chart of cost against kgCO2e per run.
+        #[arg(long)]
+        plot: Option<PathBuf>,
+        /// Write each run's schedule (job name → site) as JSON.
+        #[arg(long)]
+        schedule: Option<PathBuf>,
+    },
     /// The main job: bring up the demo federation, run a trace workload, print where each job ran and why.
     Demo {
         #[arg(long, default_value = "configs/federation-demo.toml")]
@@ -150,6 +190,67 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
                 json: out == Output::Json,
             })
             .await
+        }
+        Cmd::Sim {
+            trace,
+            inference,
+            federation,
+            policy,
+            baselines,
+            seed,
+            start,
+            max_wait_s,
+            limit,
+            slo_ms,
+            replica_rps,
+            plot,
+            schedule,
+        } => {
+            let start_ms = parse_start(&start)?;
+            let opts = meridian_broker::sim::SimOptions {
+                trace,
+                inference,
+                federation,
+                policy,
+                baselines,
+                seed,
+                start_ms,
+                max_wait_s,
+                limit,
+                slo_ms,
+                replica_rps,
+            };
+            let (report, schedules, jobs) =
+                tokio::task::block_in_place(|| meridian_broker::sim::simulate(&opts))?;
+            if let Some(path) = plot {
+                std::fs::write(&path, meridian_broker::sim::plot_svg(&report))
+                    .with_context(|| format!("writing {}", path.display()))?;
+            }
+            if let Some(path) = schedule {
+                let map: std::collections::BTreeMap<
+                    String,
+                    std::collections::BTreeMap<String, String>,
+                > = schedules
+                    .iter()
+                    .map(|(name, entries)| {
+                        let sites = entries
+                            .iter()
+                            .map(|e| {
+                                (
+                                    jobs[e.job].spec.name.clone().unwrap_or_default(),
+                                    e.site.to_string(),
+                                )
+                            })
+                            .collect();
+                        (name.clone(), sites)
+                    })
+                    .collect();
+                std::fs::write(&path, serde_json::to_string_pretty(&map)?)
+                    .with_context(|| format!("writing {}", path.display()))?;
+            }
+            print(out, &report, |r| {
+                print!("{}", meridian_broker::sim::table(r))
+            })
         }
         cmd => {
             let client = Client::connect(&cli.nats).await?;
@@ -290,8 +391,15 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
                     let s = client.drain(&site, !undo).await?;
                     print(out, &s, |s| println!("{} draining: {}", s.site, s.draining))
                 }
-                Cmd::Broker(_) | Cmd::Up { .. } | Cmd::Demo { .. } => Ok(true),
+                Cmd::Broker(_) | Cmd::Up { .. } | Cmd::Demo { .. } | Cmd::Sim { .. } => Ok(true),
             }
         }
     }
+}
+
+/// `YYYY-MM-DDTHH:MMZ` → milliseconds since the Unix epoch.
+fn parse_start(s: &str) -> anyhow::Result<u64> {
+    let bad = || anyhow::anyhow!("--start {s:?}: expected YYYY-MM-DDTHH:MMZ");
+    let (date, time) = s.trim_end_matches('Z').split_once('T').ok_or_else(bad)?;
+    meridian_broker::sim::trace::parse_timestamp_ms(&format!("{date} {time}:00")).ok_or_else(bad)
 }

@@ -30,6 +30,10 @@ pub struct SiteFile {
     /// Hourly forecast (gCO2e/kWh) starting at the hour the agent starts; optional.
     #[serde(default)]
     pub carbon_forecast: Vec<u32>,
+    /// Hourly grid-carbon series (a CSV of `us-grid-carbon-hourly-2022`, relative to the data folder), used by
+    /// the simulator to drive the site's intensity hour by hour; the agent itself uses `carbon_g_per_kwh`.
+    #[serde(default)]
+    pub carbon_series: Option<String>,
     /// Energy tariff, USD/kWh.
     #[serde(default)]
     pub energy_usd_per_kwh: f64,

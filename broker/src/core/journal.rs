@@ -42,3 +42,13 @@ impl Journal for MemoryJournal {
         Ok(())
     }
 }
+
+/// Drops every record: for simulations, whose state lives only as long as the run.
+#[derive(Debug, Default)]
+pub struct NullJournal;
+
+impl Journal for NullJournal {
+    fn append(&mut self, _record: &Record) -> Result<(), JournalError> {
+        Ok(())
+    }
+}

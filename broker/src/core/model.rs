@@ -112,6 +112,36 @@ impl Site {
         }
     }
 
+    /// Whether an advert lists the same pools and devices (so reservations carry over).
+    pub fn same_shape(&self, a: &SiteAdvert) -> bool {
+        self.pools.len() == a.pools.len()
+            && self.pools.iter().zip(&a.pools).all(|(p, q)| {
+                p.name == q.name
+                    && p.devices.len() == q.devices.len()
+                    && p.devices
+                        .iter()
+                        .zip(&q.devices)
+                        .all(|(d, e)| d.index == e.index)
+            })
+    }
+
+    /// Takes a same-shape advert: new facts, health and reported use; the broker's reservations stay.
+    pub fn refresh(&mut self, a: &SiteAdvert, now: Millis) {
+        let fresh = Site::from_advert(a, now);
+        for (p, q) in self.pools.iter_mut().zip(fresh.pools) {
+            let reserved: Vec<u32> = p.devices.iter().map(|d| d.reserved_milli).collect();
+            *p = q;
+            for (d, r) in p.devices.iter_mut().zip(reserved) {
+                d.reserved_milli = r;
+            }
+        }
+        self.info = fresh.info;
+        self.generation = fresh.generation;
+        self.last_seen_ms = now;
+        self.up = true;
+        self.advert_draining = fresh.advert_draining;
+    }
+
     pub fn id(&self) -> &SiteId {
         &self.info.id
     }

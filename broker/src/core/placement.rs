@@ -17,7 +17,7 @@
 //! ## Normalisation
 //! Each term `t` of a candidate is compared with the best value `b` of that term among the candidates that
 //! can take the job now in the tier being chosen from: `n = (t + f) / (b + f) − 1`, where `f` is a small floor
-//! that keeps the ratio finite when the best is 0 ([`FLOORS`]: 1 cent, 1 Wh, 1 g, 1 ms, 1 GB). So `n` is 0 for
+//! that keeps the ratio finite when the best is 0 ([`FLOORS`]: 1 cent, 1 Wh, 1 g, 10 ms — round trips within a metro area are alike — 1 GB). So `n` is 0 for
 //! the best candidate and 1 for one twice as bad. The score is `Σ weight × n`; the lowest score wins, ties go
 //! to the site id that sorts first.
 //!
@@ -27,7 +27,7 @@
 //! | `latency` | 0.01 | 0 | 0 | 1 | 0 |
 //! | `cost` | 1 | 0 | 0.01 | 0 | 0 |
 //! | `green` | 0.01 | 0.2 | 1 | 0 | 0 |
-//! | `balanced` | 1 | 0 | 1 | 1 | 0.5 |
+//! | `balanced` | 1 | 0 | 1 | 1 (0 for non-inference jobs) | 0.5 |
 //!
 //! `latency`, `cost` and `green` are single-criterion: the candidate best on their first term wins and the
 //! other terms only break exact ties (cost → carbon → latency; carbon → energy → cost; latency → cost →
@@ -55,7 +55,7 @@ pub const DEFAULT_DURATION_S: u64 = 3600;
 
 /// Floors of the normalisation, in each term's unit: cost (micro-USD), energy (Wh), carbon (g), latency (ms),
 /// data (bytes).
-pub const FLOORS: [f64; 5] = [10_000.0, 1.0, 1.0, 1.0, 1e9];
+pub const FLOORS: [f64; 5] = [10_000.0, 1.0, 1.0, 10.0, 1e9];
 
 /// Everything placement reads.
 #[derive(Clone, Copy)]
@@ -74,6 +74,44 @@ pub struct Request<'a> {
     pub waited_ms: u64,
     /// Sites that refused this job recently.
     pub refused: &'a [SiteId],
+    /// Rank by a simple baseline instead of the job's policy (the simulator's comparisons).
+    pub baseline: Option<Baseline>,
+}
+
+/// Single-axis rankings the simulator compares Meridian's policies against. They share every filter, the
+/// capacity, queue and burst rules; only the ranking of the candidates that can run the job differs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Baseline {
+    /// The first candidate that fits, in tier then site-id order.
+    FifoFirstFit,
+    /// The lowest round trip to the job's users.
+    Nearest,
+    /// The lowest list price per device-hour (ignoring run time on the model and egress).
+    Cheapest,
+    /// The lowest current grid intensity × PUE (ignoring forecasts, power and run time).
+    Greenest,
+}
+
+impl Baseline {
+    pub const ALL: [Baseline; 4] = [
+        Baseline::FifoFirstFit,
+        Baseline::Nearest,
+        Baseline::Cheapest,
+        Baseline::Greenest,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Baseline::FifoFirstFit => "fifo-first-fit",
+            Baseline::Nearest => "nearest",
+            Baseline::Cheapest => "cheapest",
+            Baseline::Greenest => "greenest",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Baseline> {
+        Baseline::ALL.into_iter().find(|b| b.name() == s)
+    }
 }
 
 /// The score terms of one candidate.
@@ -293,7 +331,11 @@ pub fn policy_of(spec: &JobSpec) -> Policy {
 pub fn place(view: View<'_>, req: Request<'_>, now: Millis) -> Decision {
     let spec = req.spec;
     let policy = policy_of(spec);
-    let w = weights(&policy);
+    let mut w = weights(&policy);
+    if policy == Policy::Balanced && spec.kind != JobKind::Inference {
+        // Batch and training work is not latency-bound: where its submitters sit does not matter.
+        w.latency = 0.0;
+    }
     let duration_ms = spec.duration_s.unwrap_or(DEFAULT_DURATION_S) * 1000;
     let egress = cheapest_egress(view.sites, spec);
     let mut candidates = Vec::new();
@@ -387,7 +429,7 @@ pub fn place(view: View<'_>, req: Request<'_>, now: Millis) -> Decision {
         };
         return Decision {
             at_ms: now,
-            policy: policy.name(),
+            policy: req.baseline.map_or(policy.name(), Baseline::name),
             weights: w,
             outcome: Outcome::Wait(wait),
             candidates,
@@ -410,6 +452,14 @@ pub fn place(view: View<'_>, req: Request<'_>, now: Millis) -> Decision {
     let mut winner: Option<(f64, usize, &Vec<DeviceShare>)> = None;
     let mut winner_key: Vec<f64> = Vec::new();
     for (i, devices) in in_tier {
+        let base_key = req.baseline.map(|b| {
+            baseline_key(
+                view,
+                &candidates[*i],
+                b,
+                candidates[*i].terms.as_ref().map_or(0.0, |t| t.latency_ms),
+            )
+        });
         let Some(t) = candidates[*i].terms.as_mut() else {
             continue;
         };
@@ -423,9 +473,10 @@ pub fn place(view: View<'_>, req: Request<'_>, now: Millis) -> Decision {
             .sum();
         t.score = score;
         let values = t.values();
-        let key: Vec<f64> = match order {
-            Some(o) => o.iter().map(|k| values[*k]).collect(),
-            None => vec![score],
+        let key: Vec<f64> = match (req.baseline, order) {
+            (Some(_), _) => base_key.clone().unwrap_or_default(),
+            (None, Some(o)) => o.iter().map(|k| values[*k]).collect(),
+            (None, None) => vec![score],
         };
         // Candidates are visited in site-id order, so a strict `<` keeps the first of equal keys.
         let better =
@@ -456,7 +507,7 @@ pub fn place(view: View<'_>, req: Request<'_>, now: Millis) -> Decision {
     };
     Decision {
         at_ms: now,
-        policy: policy.name(),
+        policy: req.baseline.map_or(policy.name(), Baseline::name),
         weights: w,
         outcome,
         candidates,
@@ -471,6 +522,19 @@ fn unreachable_terms() -> Terms {
         latency_ms: 0.0,
         data_bytes_moved: 0,
         score: f64::NAN,
+    }
+}
+
+/// The ranking key of a baseline (lower wins).
+fn baseline_key(view: View<'_>, c: &Candidate, b: Baseline, latency_ms: f64) -> Vec<f64> {
+    let site = view.sites.get(&c.site);
+    let pool = site.and_then(|s| c.pool.as_deref().and_then(|p| s.pool(p)));
+    match (b, site, pool) {
+        (Baseline::FifoFirstFit, _, _) => vec![0.0],
+        (Baseline::Nearest, _, _) => vec![latency_ms],
+        (Baseline::Cheapest, _, Some(p)) => vec![p.price_micro_usd_per_hour as f64],
+        (Baseline::Greenest, Some(s), _) => vec![f64::from(s.info.carbon.g_per_kwh) * s.info.pue],
+        _ => vec![f64::INFINITY],
     }
 }
 

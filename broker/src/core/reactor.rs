@@ -117,6 +117,19 @@ pub struct State {
     pub by_key: HashMap<(TenantId, String), JobId>,
     /// Capacity changed since pending jobs were last tried.
     pub dirty: bool,
+    /// Every job not yet finished (and, until pruned, some that just finished): what timers and retries scan,
+    /// so their cost follows the live jobs, not the whole history.
+    pub active: std::collections::BTreeSet<JobId>,
+}
+
+impl State {
+    /// Jobs that are not finished.
+    pub fn active_jobs(&self) -> impl Iterator<Item = &Job> {
+        self.active
+            .iter()
+            .filter_map(|id| self.jobs.get(id))
+            .filter(|j| !j.phase.is_terminal())
+    }
 }
 
 pub struct Reactor<J: Journal> {
@@ -125,6 +138,8 @@ pub struct Reactor<J: Journal> {
     pub rtt: RttTable,
     pub regions: Regions,
     pub throughput: super::throughput::Throughput,
+    /// Rank every job by this baseline instead of its policy (the simulator's comparison runs).
+    pub baseline: Option<placement::Baseline>,
     journal: J,
     outbox: Vec<Command>,
 }
@@ -137,6 +152,7 @@ impl<J: Journal> Reactor<J> {
             rtt,
             regions,
             throughput: Default::default(),
+            baseline: None,
             journal,
             outbox: Vec::new(),
         }
@@ -244,12 +260,12 @@ impl<J: Journal> Reactor<J> {
             self.state.sites.values().any(|s| {
                 s.up && now.saturating_sub(s.last_seen_ms) > self.config.site_lost_after_ms
             });
-        let timed_out = self.state.jobs.values().any(|j| {
+        let timed_out = self.state.active_jobs().any(|j| {
             j.phase == JobPhase::Offered
                 && j.offered_ms
                     .is_some_and(|t| now.saturating_sub(t) > self.config.offer_timeout_ms)
         });
-        let retry = self.state.jobs.values().any(|j| {
+        let retry = self.state.active_jobs().any(|j| {
             j.phase == JobPhase::Pending
                 && (self.state.dirty
                     || j.retry_at_ms.is_some_and(|t| t <= now)
@@ -314,10 +330,19 @@ impl<J: Journal> Reactor<J> {
             }
             return;
         }
+        // Same pools as before (the usual periodic or carbon update): refresh in place, keeping reservations.
+        if let Some(s) = self.state.sites.get_mut(&id) {
+            if s.same_shape(&a) {
+                s.refresh(&a, now);
+                self.state.dirty = true;
+                self.try_pending(now);
+                return;
+            }
+        }
         let mut site = Site::from_advert(&a, now);
         site.api_draining = api_draining;
         // Reservations are the broker's own: rebuild them from the jobs that hold devices here.
-        for job in self.state.jobs.values().filter(|j| j.holds_devices()) {
+        for job in self.state.active_jobs().filter(|j| j.holds_devices()) {
             if let Some(asg) = job.assignment.as_ref().filter(|asg| asg.site == id) {
                 site.apply_reservation(&asg.pool, &asg.devices, true);
             }
@@ -371,6 +396,7 @@ impl<J: Journal> Reactor<J> {
         self.state.next_job += 1;
         let id = JobId::numbered(self.state.next_job);
         self.state.by_key.insert(key, id.clone());
+        self.state.active.insert(id.clone());
         self.state
             .jobs
             .insert(id.clone(), Job::new(id.clone(), spec, now));
@@ -641,8 +667,7 @@ impl<J: Journal> Reactor<J> {
         }
         let timed_out: Vec<(JobId, SiteId)> = self
             .state
-            .jobs
-            .values()
+            .active_jobs()
             .filter(|j| {
                 j.phase == JobPhase::Offered
                     && j.offered_ms
@@ -676,8 +701,7 @@ impl<J: Journal> Reactor<J> {
         }
         let held: Vec<JobId> = self
             .state
-            .jobs
-            .values()
+            .active_jobs()
             .filter(|j| j.holds_devices() && j.assignment.as_ref().is_some_and(|a| &a.site == site))
             .map(|j| j.id.clone())
             .collect();
@@ -700,10 +724,13 @@ impl<J: Journal> Reactor<J> {
 
     /// Tries every pending job, oldest first.
     fn try_pending(&mut self, now: Millis) {
+        let jobs = &self.state.jobs;
+        self.state
+            .active
+            .retain(|id| jobs.get(id).is_some_and(|j| !j.phase.is_terminal()));
         let due: Vec<JobId> = self
             .state
-            .jobs
-            .values()
+            .active_jobs()
             .filter(|j| {
                 j.phase == JobPhase::Pending
                     && (self.state.dirty
@@ -738,6 +765,7 @@ impl<J: Journal> Reactor<J> {
             spec: &job.spec,
             waited_ms: now.saturating_sub(job.waiting_since_ms),
             refused: &refused,
+            baseline: self.baseline,
         };
         let decision = placement::place(view, request, now);
         let next_refusal = job.refused_until.iter().map(|(_, u)| *u).min();
@@ -819,6 +847,12 @@ impl<J: Journal> Reactor<J> {
                     return Err(format!("{} holds devices without an assignment", job.id))
                 }
                 _ => {}
+            }
+            if !job.phase.is_terminal() && !self.state.active.contains(&job.id) {
+                return Err(format!(
+                    "{} is unfinished but not in the active set",
+                    job.id
+                ));
             }
             if job.phase.is_terminal() && job.finished_ms.is_none() {
                 return Err(format!(

@@ -32,6 +32,7 @@ fn choose(adverts: Vec<SiteAdvert>, spec: &JobSpec, waited_ms: u64) -> Outcome {
             spec,
             waited_ms,
             refused: &[],
+            baseline: None,
         },
         0,
     )
@@ -110,6 +111,7 @@ fn faster_models_cost_less_per_job_under_the_throughput_table() {
                 spec: &spec,
                 waited_ms: 0,
                 refused: &[],
+                baseline: None,
             },
             0,
         )
@@ -249,6 +251,7 @@ fn every_candidate_is_explained() {
             spec: &spec,
             waited_ms: 0,
             refused: &[],
+            baseline: None,
         },
         0,
     );
@@ -612,6 +615,7 @@ fn busy_candidates_say_how_much_is_free() {
             spec: &spec,
             waited_ms: 0,
             refused: &[],
+            baseline: None,
         },
         0,
     );

@@ -1,0 +1,223 @@
+//! The independent checker: replays a run's schedule against the site files and the job requests, counts
+//! broken hard constraints and computes the totals. It shares no code with placement or the reactor: it reads
+//! the federation's own files, and meters carbon from the real hourly series.
+
+use super::engine::{ScheduleEntry, SimJob};
+use super::federation::SimFederation;
+use crate::core::Millis;
+use meridian_federation::{JobKind, Tier};
+use std::collections::BTreeMap;
+
+const HOUR_MS: u64 = 3_600_000;
+
+/// Per device (site, pool, index): the intervals it was used and the milli-share of each.
+type Usage = BTreeMap<(String, String, u32), Vec<(Millis, Millis, u32)>>;
+
+/// What the checker found.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Checked {
+    pub violations: Vec<String>,
+    pub cost_usd: f64,
+    pub energy_kwh: f64,
+    pub co2_kg: f64,
+    /// Waits (start − arrival) of the non-inference jobs, seconds.
+    pub waits_s: Vec<f64>,
+    pub device_hours: f64,
+    pub cloud_device_hours: f64,
+    /// Mean share of free owned/partner capacity that sits on partly used devices, sampled hourly.
+    pub fragmentation: f64,
+}
+
+/// Replays the schedule.
+pub fn check(fed: &SimFederation, jobs: &[SimJob], schedule: &[ScheduleEntry]) -> Checked {
+    let mut out = Checked::default();
+    let mut seen: BTreeMap<usize, usize> = BTreeMap::new();
+    // (site, pool, device) → [(start, end, milli)]
+    let mut usage: Usage = BTreeMap::new();
+    for e in schedule {
+        let Some(job) = jobs.get(e.job) else {
+            out.violations.push(format!("{}: unknown job", e.job_id));
+            continue;
+        };
+        *seen.entry(e.job).or_default() += 1;
+        let spec = &job.spec;
+        let Some(site) = fed.sites.iter().find(|s| s.id == e.site) else {
+            out.violations
+                .push(format!("{}: unknown site {}", e.job_id, e.site));
+            continue;
+        };
+        let Some(pool) = site.pools.iter().find(|p| p.name == e.pool) else {
+            out.violations
+                .push(format!("{}: unknown pool {}/{}", e.job_id, e.site, e.pool));
+            continue;
+        };
+        let mut bad = |what: String| {
+            out.violations
+                .push(format!("{} on {}: {what}", e.job_id, e.site))
+        };
+        if pool.kind != spec.resources.kind {
+            bad(format!("pool kind {:?}", pool.kind));
+        }
+        if !spec.resources.models.is_empty()
+            && !spec
+                .resources
+                .models
+                .iter()
+                .any(|m| m.eq_ignore_ascii_case(&pool.model))
+        {
+            bad(format!("model {} not allowed", pool.model));
+        }
+        if let Some(mem) = spec.resources.memory_mib {
+            if pool.memory_mib < mem {
+                bad("too little memory".into());
+            }
+        }
+        let asked: u64 = spec.total_milli();
+        let given: u64 = e.devices.iter().map(|d| u64::from(d.milli)).sum();
+        if asked != given {
+            bad(format!("given {given} milli, asked {asked}"));
+        }
+        if e.devices.iter().any(|d| d.milli < 1000) && !pool.sharing.milli {
+            bad("shares a device of a pool that does not share".into());
+        }
+        let c = &spec.constraints;
+        if let Some(cap) = c.price_cap_micro_usd_per_hour {
+            if pool.price_micro_usd_per_hour > cap {
+                bad("price above cap".into());
+            }
+        }
+        if !c.tiers.is_empty() && !c.tiers.contains(&site.file.tier) {
+            bad("tier not allowed".into());
+        }
+        if !c.sites.is_empty() && !c.sites.contains(&site.id) {
+            bad("site not allowed".into());
+        }
+        if let Some(r) = &c.residency {
+            let loc = meridian_federation::GeoPoint {
+                lat: site.file.latitude,
+                lon: site.file.longitude,
+            };
+            if fed.regions.contains(r, loc) != Some(true) {
+                bad(format!("outside residency {r}"));
+            }
+        }
+        if site.file.tier == Tier::Cloud && e.start_ms < job.arrival_ms + spec.max_wait_s * 1000 {
+            bad("burst to cloud before max_wait".into());
+        }
+        if e.start_ms < job.arrival_ms {
+            bad("started before it arrived".into());
+        }
+        let expected = if job.fixed_runtime {
+            job.reference_ms
+        } else {
+            let factor = fed.throughput.factor(&pool.model);
+            (job.reference_ms as f64 / factor).round().max(1.0) as u64
+        };
+        if e.end_ms - e.start_ms != expected {
+            bad(format!(
+                "ran {} ms, expected {expected}",
+                e.end_ms - e.start_ms
+            ));
+        }
+        for d in &e.devices {
+            if d.index >= pool.count {
+                bad(format!("device {} does not exist", d.index));
+            }
+            usage
+                .entry((site.id.to_string(), pool.name.clone(), d.index))
+                .or_default()
+                .push((e.start_ms, e.end_ms, d.milli));
+        }
+        // Totals, from the site file and the real series.
+        let milli = given as f64 / 1000.0;
+        let hours = (e.end_ms - e.start_ms) as f64 / HOUR_MS as f64;
+        let power_kw = f64::from(pool.power_watts) / 1000.0;
+        out.cost_usd += pool.price_micro_usd_per_hour as f64 / 1e6 * milli * hours;
+        out.device_hours += milli * hours;
+        if site.file.tier == Tier::Cloud {
+            out.cloud_device_hours += milli * hours;
+        }
+        let mut t = e.start_ms;
+        while t < e.end_ms {
+            let step = (HOUR_MS - t % HOUR_MS).min(e.end_ms - t);
+            let kwh = power_kw * milli * site.file.pue * step as f64 / HOUR_MS as f64;
+            out.energy_kwh += kwh;
+            out.co2_kg += kwh * f64::from(site.intensity_at(t)) / 1000.0;
+            t += step;
+        }
+        if spec.kind != JobKind::Inference {
+            out.waits_s
+                .push((e.start_ms.saturating_sub(job.arrival_ms)) as f64 / 1000.0);
+        }
+    }
+    for (job, n) in seen {
+        if n > 1 {
+            out.violations.push(format!("job {job} placed {n} times"));
+        }
+    }
+    // Device capacity over time.
+    for ((site, pool, index), mut intervals) in usage.clone() {
+        let mut events: Vec<(Millis, i64)> = Vec::new();
+        for (s, e, m) in intervals.drain(..) {
+            events.push((s, i64::from(m)));
+            events.push((e, -i64::from(m)));
+        }
+        events.sort_by_key(|(t, d)| (*t, *d));
+        let mut level = 0i64;
+        for (t, d) in events {
+            level += d;
+            if level > 1000 {
+                out.violations
+                    .push(format!("{site}/{pool}/{index} holds {level} milli at {t}"));
+                break;
+            }
+        }
+    }
+    out.fragmentation = fragmentation(fed, &usage);
+    out
+}
+
+/// Mean, over hourly samples, of the share of free owned/partner milli-capacity that lies on devices already
+/// partly in use (free room that a whole-device job cannot use).
+fn fragmentation(fed: &SimFederation, usage: &Usage) -> f64 {
+    let Some(first) = usage.values().flatten().map(|u| u.0).min() else {
+        return 0.0;
+    };
+    let last = usage.values().flatten().map(|u| u.1).max().unwrap_or(first);
+    let mut sum = 0.0;
+    let mut samples = 0u64;
+    let mut t = first - first % HOUR_MS + HOUR_MS;
+    while t < last {
+        let (mut free, mut partial) = (0u64, 0u64);
+        for s in fed.sites.iter().filter(|s| s.file.tier != Tier::Cloud) {
+            for p in &s.pools {
+                for d in 0..p.count {
+                    let used: u32 = usage
+                        .get(&(s.id.to_string(), p.name.clone(), d))
+                        .map(|v| {
+                            v.iter()
+                                .filter(|(a, b, _)| *a <= t && t < *b)
+                                .map(|x| x.2)
+                                .sum()
+                        })
+                        .unwrap_or(0);
+                    let f = u64::from(1000u32.saturating_sub(used));
+                    free += f;
+                    if used > 0 {
+                        partial += f;
+                    }
+                }
+            }
+        }
+        if free > 0 {
+            sum += partial as f64 / free as f64;
+        }
+        samples += 1;
+        t += HOUR_MS;
+    }
+    if samples == 0 {
+        0.0
+    } else {
+        sum / samples as f64
+    }
+}

@@ -1,0 +1,308 @@
+//! The discrete-event engine: a virtual clock drives the broker's own reactor (queueing, `max_wait`,
+//! reservations, offers, burst) with the agents' own pure core in place of NATS. Nothing here places jobs.
+
+use super::federation::SimFederation;
+use crate::core::journal::NullJournal;
+use crate::core::placement::Baseline;
+use crate::core::reactor::{Command, CoreConfig, Event, Reactor, Response};
+use crate::core::Millis;
+use meridian_agent::core::AgentCore;
+use meridian_federation::{
+    AttemptState, DeviceShare, JobId, JobPhase, JobSpec, JobStatus, OfferOutcome, Policy, SiteId,
+    WIRE_VERSION,
+};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+
+/// One job of a simulation: its spec, arrival and run time on the reference model.
+#[derive(Clone, Debug)]
+pub struct SimJob {
+    pub spec: JobSpec,
+    pub arrival_ms: Millis,
+    /// Run time on the reference model; scaled by the throughput table where it runs.
+    pub reference_ms: u64,
+    /// Inference replicas run for exactly their window, whatever the model.
+    pub fixed_runtime: bool,
+}
+
+/// How candidates are ranked in a run.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Ranking {
+    Policy(Policy),
+    Baseline(Baseline),
+}
+
+impl Ranking {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Ranking::Policy(p) => p.name(),
+            Ranking::Baseline(b) => b.name(),
+        }
+    }
+}
+
+/// One placement the run made: the schedule the independent checker replays.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ScheduleEntry {
+    pub job: usize,
+    pub job_id: JobId,
+    pub attempt: u32,
+    pub site: SiteId,
+    pub pool: String,
+    pub devices: Vec<DeviceShare>,
+    pub start_ms: Millis,
+    pub end_ms: Millis,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct SimOutput {
+    pub schedule: Vec<ScheduleEntry>,
+    /// Jobs that were never placed (index into the jobs).
+    pub unplaced: Vec<usize>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Ev {
+    Hour(u64),
+    Finish {
+        site: SiteId,
+        job: JobId,
+        attempt: u32,
+    },
+    Arrival(usize),
+    Tick,
+}
+
+const HOUR_MS: u64 = 3_600_000;
+
+/// Runs one simulation. Deterministic: the same inputs give the same schedule.
+pub fn run(fed: &SimFederation, jobs: &[SimJob], ranking: &Ranking, start_ms: Millis) -> SimOutput {
+    let config = CoreConfig {
+        site_lost_after_ms: u64::MAX / 4,
+        offer_timeout_ms: u64::MAX / 4,
+        refusal_cooldown_ms: 60_000,
+    };
+    let mut reactor = Reactor::new(config, fed.rtt.clone(), fed.regions.clone(), NullJournal);
+    reactor.throughput = fed.throughput.clone();
+    if let Ranking::Baseline(b) = ranking {
+        reactor.baseline = Some(*b);
+    }
+    let mut agents: BTreeMap<SiteId, AgentCore> = BTreeMap::new();
+    for s in &fed.sites {
+        let info = s.info_at(start_ms);
+        agents.insert(
+            info.id.clone(),
+            AgentCore::new(info, s.pools.clone(), false),
+        );
+    }
+    let mut sim = Sim {
+        reactor,
+        agents,
+        jobs,
+        fed,
+        ids: BTreeMap::new(),
+        queue: BinaryHeap::new(),
+        seq: 0,
+        out: SimOutput::default(),
+        open: BTreeMap::new(),
+    };
+    let ids: Vec<SiteId> = sim.agents.keys().cloned().collect();
+    for id in ids {
+        sim.advertise(start_ms, &id);
+    }
+    for (i, j) in jobs.iter().enumerate() {
+        sim.push(j.arrival_ms, Ev::Arrival(i));
+    }
+    sim.push(start_ms + HOUR_MS, Ev::Hour(1));
+    let mut arrivals_left = jobs.len();
+    while let Some(Reverse((now, _, ev))) = sim.queue.pop() {
+        match ev {
+            Ev::Arrival(i) => {
+                arrivals_left -= 1;
+                let mut spec = jobs[i].spec.clone();
+                if let Ranking::Policy(p) = ranking {
+                    if !jobs[i].fixed_runtime {
+                        spec.policy = Some(p.clone());
+                    }
+                }
+                if let Ok(Response::Submitted(r)) = sim.reactor.step(now, Event::Submit(spec)) {
+                    sim.ids.insert(r.job.clone(), i);
+                    if let Some(t) = sim
+                        .reactor
+                        .state
+                        .jobs
+                        .get(&r.job)
+                        .and_then(|j| j.retry_at_ms)
+                    {
+                        sim.push(t.max(now), Ev::Tick);
+                    }
+                }
+                sim.drain(now);
+            }
+            Ev::Finish { site, job, attempt } => {
+                sim.finish(now, &site, &job, attempt);
+                let _ = sim.reactor.step(now, Event::Tick);
+                sim.drain(now);
+            }
+            Ev::Tick => {
+                let _ = sim.reactor.step(now, Event::Tick);
+                sim.drain(now);
+            }
+            Ev::Hour(h) => {
+                let ids: Vec<SiteId> = sim
+                    .fed
+                    .sites
+                    .iter()
+                    .filter(|s| s.series.is_some())
+                    .map(|s| s.id.clone())
+                    .collect();
+                for id in ids {
+                    if let (Some(agent), Some(s)) = (sim.agents.get_mut(&id), sim.fed.site(&id)) {
+                        agent.info = s.info_at(now);
+                        agent.generation += 1;
+                    }
+                    sim.advertise(now, &id);
+                }
+                let busy = sim.reactor.state.active_jobs().next().is_some();
+                if arrivals_left > 0 || busy {
+                    sim.push(now + HOUR_MS, Ev::Hour(h + 1));
+                }
+            }
+        }
+    }
+    let Sim {
+        reactor,
+        ids,
+        mut out,
+        ..
+    } = sim;
+    for (id, job) in &reactor.state.jobs {
+        if job.phase == JobPhase::Pending {
+            if let Some(i) = ids.get(id) {
+                out.unplaced.push(*i);
+            }
+        }
+    }
+    out
+}
+
+struct Sim<'a> {
+    reactor: Reactor<NullJournal>,
+    agents: BTreeMap<SiteId, AgentCore>,
+    jobs: &'a [SimJob],
+    fed: &'a SimFederation,
+    ids: BTreeMap<JobId, usize>,
+    queue: BinaryHeap<Reverse<(Millis, u64, Ev)>>,
+    seq: u64,
+    out: SimOutput,
+    /// Schedule entries of attempts still running, by (job, attempt).
+    open: BTreeMap<(JobId, u32), usize>,
+}
+
+impl Sim<'_> {
+    fn push(&mut self, at: Millis, ev: Ev) {
+        self.seq += 1;
+        self.queue.push(Reverse((at, self.seq, ev)));
+    }
+
+    fn advertise(&mut self, now: Millis, site: &SiteId) {
+        if let Some(a) = self.agents.get(site) {
+            let advert = a.advert(now);
+            let _ = self.reactor.step(now, Event::Advert(advert));
+            self.drain(now);
+        }
+    }
+
+    /// Delivers the reactor's outbox to the simulated agents until it is empty.
+    fn drain(&mut self, now: Millis) {
+        loop {
+            let commands = self.reactor.take_outbox();
+            if commands.is_empty() {
+                return;
+            }
+            for c in commands {
+                let Command::Offer(offer) = c else { continue };
+                let Some(agent) = self.agents.get_mut(&offer.site) else {
+                    continue;
+                };
+                let (reply, start) = agent.on_offer(&offer);
+                let accepted = reply.outcome == OfferOutcome::Accepted;
+                let _ = self.reactor.step(
+                    now,
+                    Event::OfferAnswer {
+                        site: offer.site.clone(),
+                        job: offer.job.clone(),
+                        attempt: offer.attempt,
+                        outcome: reply.outcome,
+                    },
+                );
+                if !(accepted && start) {
+                    continue;
+                }
+                let Some(&i) = self.ids.get(&offer.job) else {
+                    continue;
+                };
+                let job = &self.jobs[i];
+                let model = self
+                    .fed
+                    .site(&offer.site)
+                    .and_then(|s| s.pools.iter().find(|p| p.name == offer.pool))
+                    .map(|p| p.model.clone())
+                    .unwrap_or_default();
+                let runtime = if job.fixed_runtime {
+                    job.reference_ms
+                } else {
+                    self.fed
+                        .throughput
+                        .runtime_ms(job.reference_ms, &model)
+                        .max(1)
+                };
+                self.open
+                    .insert((offer.job.clone(), offer.attempt), self.out.schedule.len());
+                self.out.schedule.push(ScheduleEntry {
+                    job: i,
+                    job_id: offer.job.clone(),
+                    attempt: offer.attempt,
+                    site: offer.site.clone(),
+                    pool: offer.pool.clone(),
+                    devices: offer.devices.clone(),
+                    start_ms: now,
+                    end_ms: now + runtime,
+                });
+                self.push(
+                    now + runtime,
+                    Ev::Finish {
+                        site: offer.site.clone(),
+                        job: offer.job.clone(),
+                        attempt: offer.attempt,
+                    },
+                );
+            }
+        }
+    }
+
+    fn finish(&mut self, now: Millis, site: &SiteId, job: &JobId, attempt: u32) {
+        if let Some(a) = self.agents.get_mut(site) {
+            a.on_finished(job, attempt);
+        }
+        let started = self
+            .open
+            .remove(&(job.clone(), attempt))
+            .map(|e| self.out.schedule[e].start_ms)
+            .unwrap_or(now);
+        let _ = self.reactor.step(
+            now,
+            Event::Status(JobStatus {
+                v: WIRE_VERSION,
+                job: job.clone(),
+                attempt,
+                site: site.clone(),
+                state: AttemptState::Succeeded { exit_code: 0 },
+                at_ms: now,
+                started_at_ms: Some(started),
+                runtime_ms: Some(now - started),
+                checkpoint: None,
+            }),
+        );
+    }
+}

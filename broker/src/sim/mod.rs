@@ -1,0 +1,468 @@
+//! `meridian sim`: a trace-driven, discrete-event simulation of a federation that drives the broker's own
+//! reactor and placement, compared across policies and baselines, judged by an independent checker.
+
+pub mod checker;
+pub mod engine;
+pub mod federation;
+pub mod trace;
+
+use crate::core::inference::{plan_replicas, Population};
+use crate::core::model::Site;
+use crate::core::placement::Baseline;
+use anyhow::Context;
+use engine::{Ranking, SimJob};
+use federation::SimFederation;
+use meridian_federation::{
+    AcceleratorKind, Constraints, JobKind, JobSpec, Policy, Resources, RunSpec, SiteId, TenantId,
+    UserLocation, WIRE_VERSION,
+};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use trace::{city, SplitMix64, TraceTask, CITIES};
+
+/// Settings of one `meridian sim` invocation.
+#[derive(Clone, Debug)]
+pub struct SimOptions {
+    pub trace: PathBuf,
+    pub inference: Option<PathBuf>,
+    pub federation: PathBuf,
+    pub policy: Option<String>,
+    pub baselines: bool,
+    pub seed: u64,
+    pub start_ms: u64,
+    pub max_wait_s: u64,
+    pub limit: Option<usize>,
+    /// Round-trip SLO of the inference service, ms.
+    pub slo_ms: f64,
+    /// Requests per second one inference replica (one GPU) serves.
+    pub replica_rps: f64,
+}
+
+/// One run's figures, as `--output json` prints them.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct RunReport {
+    pub policy: String,
+    pub jobs: usize,
+    pub cost_usd: f64,
+    pub energy_kwh: f64,
+    pub co2_kg: f64,
+    pub wait_p50_s: f64,
+    pub wait_p95_s: f64,
+    pub slo_attainment: Option<f64>,
+    pub mean_rtt_ms: Option<f64>,
+    pub cloud_gpu_hours_share: f64,
+    pub fragmentation: f64,
+    pub violations: usize,
+    /// Jobs still waiting when the trace ended (never placed).
+    pub unplaced: usize,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct SimReport {
+    pub runs: Vec<RunReport>,
+    /// Trace rows without `scheduled_time`: they never ran and are not submitted.
+    pub never_ran: usize,
+    /// Trace rows that ask for no GPU: not submitted.
+    pub cpu_only: usize,
+    pub inference_requests: usize,
+    pub inference_replicas: usize,
+}
+
+/// The job spec a trace task becomes: its GPUs (or share), its duration on the reference model, and its
+/// submitter's city as the user location.
+pub fn trace_job_spec(t: &TraceTask, origin: usize, max_wait_s: u64) -> JobSpec {
+    let (name, location) = city(origin);
+    JobSpec {
+        v: WIRE_VERSION,
+        tenant: TenantId::new(if t.qos.is_empty() {
+            "trace".to_owned()
+        } else {
+            format!("qos-{}", t.qos.to_ascii_lowercase())
+        })
+        .unwrap_or_else(|_| TenantId::new("trace").unwrap_or_else(|_| unreachable!("literal id"))),
+        idempotency_key: t.name.clone(),
+        name: Some(t.name.clone()),
+        kind: if t.gpus >= 2 {
+            JobKind::Training
+        } else {
+            JobKind::Batch
+        },
+        queue: None,
+        priority: None,
+        resources: Resources {
+            kind: AcceleratorKind::Gpu,
+            models: t
+                .models
+                .iter()
+                .filter(|m| !m.starts_with('G'))
+                .map(|m| normalise_model(m))
+                .collect(),
+            count: if t.milli.is_some() { 0 } else { t.gpus },
+            milli: t.milli,
+            memory_mib: None,
+        },
+        replicas: 1,
+        duration_s: Some(t.duration_s),
+        max_wait_s,
+        checkpointable: false,
+        constraints: Constraints::default(),
+        users: vec![UserLocation {
+            name: Some(name.to_owned()),
+            location,
+            weight: 1.0,
+            rtt_region: None,
+        }],
+        datasets: vec![],
+        policy: None,
+        run: RunSpec {
+            command: format!("sleep {}", t.duration_s),
+            ..RunSpec::default()
+        },
+    }
+}
+
+/// Trace model names carry memory (`V100M16`); the federation names models alone (`V100`).
+fn normalise_model(m: &str) -> String {
+    m.split('M').next().unwrap_or(m).to_owned()
+}
+
+/// The rankings a run set compares.
+pub fn rankings(policy: Option<&str>, baselines: bool) -> anyhow::Result<Vec<Ranking>> {
+    let all = [
+        Policy::Latency,
+        Policy::Cost,
+        Policy::Green,
+        Policy::Balanced,
+    ];
+    let mut out: Vec<Ranking> = match policy {
+        None => all.into_iter().map(Ranking::Policy).collect(),
+        Some(name) => match all.iter().find(|p| p.name() == name) {
+            Some(p) => vec![Ranking::Policy(p.clone())],
+            None => match Baseline::parse(name) {
+                Some(b) => vec![Ranking::Baseline(b)],
+                None => anyhow::bail!(
+                    "unknown policy {name:?}; known: latency, cost, green, balanced, fifo-first-fit, nearest, cheapest, greenest"
+                ),
+            },
+        },
+    };
+    if baselines {
+        for b in Baseline::ALL {
+            if !out.contains(&Ranking::Baseline(b)) {
+                out.push(Ranking::Baseline(b));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The inference workload: replica jobs and, per request, the population it comes from.
+struct Inference {
+    replicas: Vec<SimJob>,
+    /// Per population: serving site and round trip.
+    served_by: Vec<Option<(SiteId, f64)>>,
+    /// Population of each request.
+    origins: Vec<usize>,
+}
+
+fn plan_inference(fed: &SimFederation, requests: &[u64], opts: &SimOptions) -> Inference {
+    let mut rng = SplitMix64::new(opts.seed ^ 0x1f1f);
+    let weights: Vec<f64> = CITIES.iter().map(|c| c.1).collect();
+    let origins: Vec<usize> = requests.iter().map(|_| rng.weighted(&weights)).collect();
+    // Size for the busiest minute.
+    let mut per_minute: BTreeMap<u64, usize> = BTreeMap::new();
+    for t in requests {
+        *per_minute.entry(t / 60_000).or_default() += 1;
+    }
+    let peak_rps = per_minute.values().max().copied().unwrap_or(0) as f64 / 60.0;
+    let total: f64 = weights.iter().sum();
+    let pops: Vec<Population> = CITIES
+        .iter()
+        .enumerate()
+        .map(|(i, (name, w, _, _))| Population {
+            name: (*name).to_owned(),
+            location: city(i).1,
+            rtt_region: None,
+            demand_rps: peak_rps * w / total,
+        })
+        .collect();
+    let sites: BTreeMap<SiteId, Site> = fed
+        .sites
+        .iter()
+        .map(|s| {
+            let advert = meridian_federation::SiteAdvert {
+                v: WIRE_VERSION,
+                site: s.info_at(opts.start_ms),
+                pools: s.pools.clone(),
+                generation: 1,
+                draining: false,
+                sent_at_ms: opts.start_ms,
+            };
+            (s.id.clone(), Site::from_advert(&advert, opts.start_ms))
+        })
+        .collect();
+    let plan = plan_replicas(&sites, &fed.rtt, &pops, opts.slo_ms, opts.replica_rps, 1000);
+    let window_ms = requests.last().copied().unwrap_or(0) + 60_000;
+    let mut replicas = Vec::new();
+    for (site, count) in &plan.replicas {
+        let users: Vec<UserLocation> = plan
+            .served_by
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.as_ref().is_some_and(|(x, _)| x == site))
+            .map(|(i, _)| UserLocation {
+                name: Some(pops[i].name.clone()),
+                location: pops[i].location,
+                weight: pops[i].demand_rps.max(1e-6),
+                rtt_region: None,
+            })
+            .collect();
+        for r in 0..*count {
+            replicas.push(SimJob {
+                spec: JobSpec {
+                    v: WIRE_VERSION,
+                    tenant: TenantId::new("inference")
+                        .unwrap_or_else(|_| unreachable!("literal id")),
+                    idempotency_key: format!("replica-{site}-{r}"),
+                    name: Some(format!("llm-{site}-{r}")),
+                    kind: JobKind::Inference,
+                    queue: None,
+                    priority: None,
+                    resources: Resources {
+                        kind: AcceleratorKind::Gpu,
+                        models: vec![],
+                        count: 1,
+                        milli: None,
+                        memory_mib: None,
+                    },
+                    replicas: 1,
+                    duration_s: Some(window_ms / 1000),
+                    max_wait_s: 0,
+                    checkpointable: false,
+                    constraints: Constraints {
+                        sites: vec![site.clone()],
+                        ..Constraints::default()
+                    },
+                    users: users.clone(),
+                    datasets: vec![],
+                    policy: Some(Policy::Latency),
+                    run: RunSpec {
+                        command: "serve".into(),
+                        ..RunSpec::default()
+                    },
+                },
+                arrival_ms: opts.start_ms,
+                reference_ms: window_ms,
+                fixed_runtime: true,
+            });
+        }
+    }
+    Inference {
+        replicas,
+        served_by: plan.served_by,
+        origins,
+    }
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn round(x: f64, digits: i32) -> f64 {
+    let f = 10f64.powi(digits);
+    (x * f).round() / f
+}
+
+/// A simulation's report, each run's schedule (by ranking name) and the jobs the schedules index.
+pub type Simulated = (
+    SimReport,
+    Vec<(String, Vec<engine::ScheduleEntry>)>,
+    Vec<SimJob>,
+);
+
+/// Runs every requested ranking over the same workload.
+pub fn simulate(opts: &SimOptions) -> anyhow::Result<Simulated> {
+    let fed = SimFederation::load(&opts.federation)?;
+    let text = std::fs::read_to_string(&opts.trace)
+        .with_context(|| format!("reading {}", opts.trace.display()))?;
+    let mut tr = trace::parse_alibaba(&text)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", opts.trace.display()))?;
+    if let Some(n) = opts.limit {
+        tr.tasks.truncate(n);
+    }
+    let requests = match &opts.inference {
+        Some(p) => trace::parse_azure_llm(
+            &std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
+        )
+        .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?,
+        None => Vec::new(),
+    };
+    let inference = (!requests.is_empty()).then(|| plan_inference(&fed, &requests, opts));
+    let mut jobs: Vec<SimJob> = inference
+        .as_ref()
+        .map(|i| i.replicas.clone())
+        .unwrap_or_default();
+    let replica_count = jobs.len();
+    let mut rng = SplitMix64::new(opts.seed);
+    let weights: Vec<f64> = CITIES.iter().map(|c| c.1).collect();
+    for t in &tr.tasks {
+        let origin = rng.weighted(&weights);
+        jobs.push(SimJob {
+            spec: trace_job_spec(t, origin, opts.max_wait_s),
+            arrival_ms: opts.start_ms + t.arrival_s * 1000,
+            reference_ms: t.duration_s * 1000,
+            fixed_runtime: false,
+        });
+    }
+    let mut runs = Vec::new();
+    let mut schedules = Vec::new();
+    for ranking in rankings(opts.policy.as_deref(), opts.baselines)? {
+        let out = engine::run(&fed, &jobs, &ranking, opts.start_ms);
+        let checked = checker::check(&fed, &jobs, &out.schedule);
+        let mut waits = checked.waits_s.clone();
+        waits.sort_by(f64::total_cmp);
+        let (slo, mean_rtt) = match &inference {
+            Some(inf) => {
+                let placed: std::collections::BTreeSet<&SiteId> = out
+                    .schedule
+                    .iter()
+                    .filter(|e| e.job < replica_count)
+                    .map(|e| &e.site)
+                    .collect();
+                let mut ok = 0usize;
+                let mut rtt_sum = 0.0;
+                for o in &inf.origins {
+                    if let Some((site, rtt)) = &inf.served_by[*o] {
+                        rtt_sum += rtt;
+                        if *rtt <= opts.slo_ms && placed.contains(site) {
+                            ok += 1;
+                        }
+                    }
+                }
+                let n = inf.origins.len().max(1) as f64;
+                (Some(round(ok as f64 / n, 4)), Some(round(rtt_sum / n, 2)))
+            }
+            None => (None, None),
+        };
+        runs.push(RunReport {
+            policy: ranking.name().to_owned(),
+            jobs: jobs.len(),
+            cost_usd: round(checked.cost_usd, 2),
+            energy_kwh: round(checked.energy_kwh, 1),
+            co2_kg: round(checked.co2_kg, 1),
+            wait_p50_s: round(percentile(&waits, 0.5), 1),
+            wait_p95_s: round(percentile(&waits, 0.95), 1),
+            slo_attainment: slo,
+            mean_rtt_ms: mean_rtt,
+            cloud_gpu_hours_share: round(
+                if checked.device_hours > 0.0 {
+                    checked.cloud_device_hours / checked.device_hours
+                } else {
+                    0.0
+                },
+                4,
+            ),
+            fragmentation: round(checked.fragmentation, 4),
+            violations: checked.violations.len(),
+            unplaced: out.unplaced.len(),
+        });
+        for v in checked.violations.iter().take(5) {
+            tracing::warn!("{}: violation: {v}", ranking.name());
+        }
+        schedules.push((ranking.name().to_owned(), out.schedule));
+    }
+    Ok((
+        SimReport {
+            runs,
+            never_ran: tr.never_ran,
+            cpu_only: tr.cpu_only,
+            inference_requests: requests.len(),
+            inference_replicas: replica_count,
+        },
+        schedules,
+        jobs,
+    ))
+}
+
+/// The report as an aligned table.
+pub fn table(r: &SimReport) -> String {
+    let mut s = format!(
+        "{:<15} {:>6} {:>12} {:>11} {:>10} {:>9} {:>10} {:>7} {:>8} {:>7} {:>6} {:>4}\n",
+        "POLICY",
+        "JOBS",
+        "COST $",
+        "ENERGY kWh",
+        "CO2 kg",
+        "WAIT p50",
+        "WAIT p95",
+        "SLO",
+        "RTT ms",
+        "CLOUD",
+        "FRAG",
+        "VIOL"
+    );
+    for x in &r.runs {
+        let opt =
+            |v: Option<f64>, d: usize| v.map(|v| format!("{v:.d$}")).unwrap_or_else(|| "-".into());
+        s.push_str(&format!(
+            "{:<15} {:>6} {:>12.2} {:>11.1} {:>10.1} {:>9.1} {:>10.1} {:>7} {:>8} {:>7.4} {:>6.4} {:>4}\n",
+            x.policy,
+            x.jobs,
+            x.cost_usd,
+            x.energy_kwh,
+            x.co2_kg,
+            x.wait_p50_s,
+            x.wait_p95_s,
+            opt(x.slo_attainment, 4),
+            opt(x.mean_rtt_ms, 1),
+            x.cloud_gpu_hours_share,
+            x.fragmentation,
+            x.violations
+        ));
+    }
+    s.push_str(&format!(
+        "\n{} trace rows never ran (no scheduled_time) and {} ask for no GPU: not submitted. Inference: {} requests, {} replicas.\n",
+        r.never_ran, r.cpu_only, r.inference_requests, r.inference_replicas
+    ));
+    s
+}
+
+/// An SVG scatter of cost against kgCO2e, one labelled point per run.
+pub fn plot_svg(r: &SimReport) -> String {
+    let (w, h, m) = (640.0, 420.0, 60.0);
+    let xs: Vec<f64> = r.runs.iter().map(|x| x.cost_usd).collect();
+    let ys: Vec<f64> = r.runs.iter().map(|x| x.co2_kg).collect();
+    let span = |v: &[f64]| {
+        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let pad = ((hi - lo) * 0.1).max(1.0);
+        (lo - pad, hi + pad)
+    };
+    let ((x0, x1), (y0, y1)) = (span(&xs), span(&ys));
+    let px = |x: f64| m + (x - x0) / (x1 - x0) * (w - 2.0 * m);
+    let py = |y: f64| h - m - (y - y0) / (y1 - y0) * (h - 2.0 * m);
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <line x1=\"{m}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n<line x1=\"{m}\" y1=\"{m}\" x2=\"{m}\" y2=\"{}\" stroke=\"black\"/>\n\
+         <text x=\"{}\" y=\"{}\" text-anchor=\"middle\">cost (USD) {x0:.0} – {x1:.0}</text>\n\
+         <text x=\"15\" y=\"{}\" transform=\"rotate(-90 15 {})\" text-anchor=\"middle\">kgCO2e {y0:.0} – {y1:.0}</text>\n",
+        h - m, w - m, h - m, h - m, w / 2.0, h - 20.0, h / 2.0, h / 2.0
+    );
+    for x in &r.runs {
+        let (cx, cy) = (px(x.cost_usd), py(x.co2_kg));
+        s.push_str(&format!(
+            "<circle cx=\"{cx:.1}\" cy=\"{cy:.1}\" r=\"5\" fill=\"#2a6\"/><text x=\"{:.1}\" y=\"{:.1}\">{}</text>\n",
+            cx + 8.0,
+            cy - 6.0,
+            x.policy
+        ));
+    }
+    s.push_str("</svg>\n");
+    s
+}
