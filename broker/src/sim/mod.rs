@@ -122,6 +122,21 @@ pub fn trace_job_spec(t: &TraceTask, origin: usize, max_wait_s: u64) -> JobSpec 
     }
 }
 
+/// The jobs of a trace: each task with a submitter city drawn (seeded) from [`CITIES`] by weight.
+pub fn trace_jobs(tasks: &[TraceTask], seed: u64, start_ms: u64, max_wait_s: u64) -> Vec<SimJob> {
+    let mut rng = SplitMix64::new(seed);
+    let weights: Vec<f64> = CITIES.iter().map(|c| c.1).collect();
+    tasks
+        .iter()
+        .map(|t| SimJob {
+            spec: trace_job_spec(t, rng.weighted(&weights), max_wait_s),
+            arrival_ms: start_ms + t.arrival_s * 1000,
+            reference_ms: t.duration_s * 1000,
+            fixed_runtime: false,
+        })
+        .collect()
+}
+
 /// Trace model names carry memory (`V100M16`); the federation names models alone (`V100`).
 fn normalise_model(m: &str) -> String {
     m.split('M').next().unwrap_or(m).to_owned()
@@ -308,17 +323,12 @@ pub fn simulate(opts: &SimOptions) -> anyhow::Result<Simulated> {
         .map(|i| i.replicas.clone())
         .unwrap_or_default();
     let replica_count = jobs.len();
-    let mut rng = SplitMix64::new(opts.seed);
-    let weights: Vec<f64> = CITIES.iter().map(|c| c.1).collect();
-    for t in &tr.tasks {
-        let origin = rng.weighted(&weights);
-        jobs.push(SimJob {
-            spec: trace_job_spec(t, origin, opts.max_wait_s),
-            arrival_ms: opts.start_ms + t.arrival_s * 1000,
-            reference_ms: t.duration_s * 1000,
-            fixed_runtime: false,
-        });
-    }
+    jobs.extend(trace_jobs(
+        &tr.tasks,
+        opts.seed,
+        opts.start_ms,
+        opts.max_wait_s,
+    ));
     let mut runs = Vec::new();
     let mut schedules = Vec::new();
     for ranking in rankings(opts.policy.as_deref(), opts.baselines)? {

@@ -1,0 +1,173 @@
+//! The simulator as a user runs it: real traces from ../shared/data, the real `meridian` binary.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use meridian_e2e::*;
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+fn data(rel: &str) -> PathBuf {
+    let p = meridian_broker::data::data_dir().join(rel);
+    assert!(p.exists(), "shared data file {} is missing", p.display());
+    p
+}
+
+fn sim(args: &[&str]) -> (String, Value) {
+    let out = Command::new(local::sibling_binary("meridian").unwrap())
+        .current_dir(local::workspace_root())
+        .args(["--output", "json", "sim"])
+        .args(args)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "sim failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = serde_json::from_str(&stdout).unwrap();
+    (stdout, v)
+}
+
+fn run<'a>(report: &'a Value, policy: &str) -> &'a Value {
+    report["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["policy"] == policy)
+        .unwrap()
+}
+
+/// The target over the whole Alibaba trace and the Azure inference trace: every policy and baseline
+/// runs, none breaks a hard constraint, and `balanced` costs at most 5% more than `cheapest`, emits at least
+/// 25% less CO2, and meets the latency SLO for at least 99% of requests.
+#[test]
+fn balanced_beats_the_single_criterion_baselines_on_the_full_trace() {
+    let trace = data("alibaba-gpu-v2023/openb_pod_list_default.csv");
+    let inference = data("azure-llm-inference-2023/AzureLLMInferenceTrace_code.csv");
+    let (_, v) = sim(&[
+        "--trace",
+        trace.to_str().unwrap(),
+        "--inference",
+        inference.to_str().unwrap(),
+        "--baselines",
+    ]);
+    let names: Vec<&str> = v["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["policy"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "latency",
+            "cost",
+            "green",
+            "balanced",
+            "fifo-first-fit",
+            "nearest",
+            "cheapest",
+            "greenest"
+        ]
+    );
+    for r in v["runs"].as_array().unwrap() {
+        assert_eq!(r["violations"], 0, "{r}");
+        assert_eq!(r["unplaced"], 0, "{r}");
+        assert_eq!(
+            r["jobs"].as_u64().unwrap() as usize,
+            6203 + v["inference_replicas"].as_u64().unwrap() as usize
+        );
+    }
+    assert_eq!(v["never_ran"], 861);
+    let (b, c) = (run(&v, "balanced"), run(&v, "cheapest"));
+    let cost = |r: &Value| r["cost_usd"].as_f64().unwrap();
+    let co2 = |r: &Value| r["co2_kg"].as_f64().unwrap();
+    assert!(cost(b) <= 1.05 * cost(c), "balanced {b}\ncheapest {c}");
+    assert!(co2(b) <= 0.75 * co2(c), "balanced {b}\ncheapest {c}");
+    assert!(b["slo_attainment"].as_f64().unwrap() >= 0.99, "{b}");
+}
+
+/// Two separate processes with the same seed print byte-identical output.
+#[test]
+fn the_same_seed_gives_byte_identical_output() {
+    let trace = data("alibaba-gpu-v2023/openb_pod_list_default.csv");
+    let inference = data("azure-llm-inference-2023/AzureLLMInferenceTrace_code.csv");
+    let args = [
+        "--trace",
+        trace.to_str().unwrap(),
+        "--inference",
+        inference.to_str().unwrap(),
+        "--baselines",
+        "--limit",
+        "1500",
+        "--seed",
+        "7",
+    ];
+    let (first, _) = sim(&args);
+    let (second, _) = sim(&args);
+    assert_eq!(first, second);
+}
+
+/// A small workload through `meridian sim` and through a real federation (`meridian up`'s processes) chooses
+/// the same sites.
+#[test]
+fn sim_and_a_real_federation_choose_the_same_sites() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("small.csv");
+    // Arrivals 1000 s apart and 2 s runs: no job overlaps another, in the simulation or for real.
+    let rows = [
+        ("t0", 1, 1000),
+        ("t1", 2, 1000),
+        ("t2", 1, 500),
+        ("t3", 4, 1000),
+        ("t4", 1, 250),
+        ("t5", 1, 1000),
+    ];
+    let mut text = String::from("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n");
+    for (i, (name, gpus, milli)) in rows.iter().enumerate() {
+        let t = i * 1000;
+        text.push_str(&format!(
+            "{name},1000,1024,{gpus},{milli},,LS,Succeeded,{t},{},{t}\n",
+            t + 2
+        ));
+    }
+    std::fs::write(&csv, &text).unwrap();
+    let schedule = dir.path().join("schedule.json");
+    let federation = configs().join("federation-demo.toml");
+    sim(&[
+        "--trace",
+        csv.to_str().unwrap(),
+        "--federation",
+        federation.to_str().unwrap(),
+        "--policy",
+        "latency",
+        "--seed",
+        "3",
+        "--schedule",
+        schedule.to_str().unwrap(),
+    ]);
+    let simulated: Value =
+        serde_json::from_str(&std::fs::read_to_string(&schedule).unwrap()).unwrap();
+    let simulated = &simulated["latency"];
+
+    let trace = meridian_broker::sim::trace::parse_alibaba(&text).unwrap();
+    let jobs = meridian_broker::sim::trace_jobs(&trace.tasks, 3, 0, 600);
+    let f = Fed::start(&federation);
+    for j in &jobs {
+        let mut spec = serde_json::to_value(&j.spec).unwrap();
+        spec["policy"] = json!("latency");
+        let id = f.submit(&spec);
+        let done = f.wait_phase(&id, "succeeded", Duration::from_secs(40));
+        let name = j.spec.name.clone().unwrap();
+        assert_eq!(
+            done["site"],
+            simulated[&name],
+            "{name}: real federation chose {}, the simulation {}\n{}",
+            done["site"],
+            simulated[&name],
+            f.explain(&id)
+        );
+    }
+}
