@@ -371,6 +371,13 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
                                 verdict
                             );
                         }
+                        for p in &e.pruned {
+                            println!(
+                                "{:<18} pruned by the index: {}",
+                                format!("({} sites)", p.sites),
+                                p.reason
+                            );
+                        }
                         println!("history:");
                         for h in &e.history {
                             println!("  {h}");

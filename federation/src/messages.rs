@@ -738,6 +738,13 @@ pub struct CandidateView {
     pub chosen: bool,
 }
 
+/// A group of sites left out by the placement index.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PrunedView {
+    pub reason: String,
+    pub sites: usize,
+}
+
 /// Why a job is placed where it is, or why it waits.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ExplainView {
@@ -747,6 +754,9 @@ pub struct ExplainView {
     pub policy: String,
     pub decided_at_ms: Option<u64>,
     pub candidates: Vec<CandidateView>,
+    /// Sites the placement index left out without scoring them, grouped by reason.
+    #[serde(default)]
+    pub pruned: Vec<PrunedView>,
     /// Notable events of the job, oldest first.
     pub history: Vec<String>,
 }

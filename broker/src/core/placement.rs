@@ -38,6 +38,7 @@
 //! Owned sites first, then partner sites; cloud sites only when no owned or partner site can take the job now
 //! and the job has waited its `max_wait_s`.
 
+use super::index::SiteIndex;
 use super::latency::{self, RttTable};
 use super::metering::{self, Rates};
 use super::model::{Pool, Site};
@@ -64,6 +65,8 @@ pub struct View<'a> {
     pub rtt: &'a RttTable,
     pub regions: &'a Regions,
     pub throughput: &'a Throughput,
+    /// Where present, only the sites it lists as having room are scored; the rest are counted as pruned.
+    pub index: Option<&'a SiteIndex>,
 }
 
 /// The job being placed and what the broker knows of its history.
@@ -287,6 +290,8 @@ pub struct Decision {
     pub weights: Weights,
     pub outcome: Outcome,
     pub candidates: Vec<Candidate>,
+    /// Sites the index left out, by reason, with how many.
+    pub pruned: Vec<(String, usize)>,
 }
 
 /// The weights a policy stands for (see the module docs).
@@ -328,7 +333,53 @@ pub fn policy_of(spec: &JobSpec) -> Policy {
 }
 
 /// Places one job. Does no I/O and reads no clock.
+///
+/// With an index, only the sites it lists as having room now are evaluated; when none of them can take the
+/// job, every site is evaluated so that the explanation of the wait is complete.
 pub fn place(view: View<'_>, req: Request<'_>, now: Millis) -> Decision {
+    if let Some(index) = view.index {
+        let r = &req.spec.resources;
+        let whole = if r.milli.is_some() {
+            0
+        } else {
+            r.count.saturating_mul(req.spec.replicas)
+        };
+        let ids = index.candidates(r.kind, whole, r.milli);
+        let listed = ids.len();
+        let mut d = place_over(
+            view,
+            req,
+            now,
+            ids.into_iter().filter_map(|id| view.sites.get(id)),
+        );
+        if matches!(d.outcome, Outcome::Place(_)) {
+            let of_kind = index.sites_of_kind(r.kind);
+            d.pruned = vec![
+                (
+                    format!(
+                        "no room in a {} pool now (lost, draining, busy or too small)",
+                        r.kind.as_str()
+                    ),
+                    of_kind.saturating_sub(listed),
+                ),
+                (
+                    format!("no {} pool", r.kind.as_str()),
+                    view.sites.len().saturating_sub(of_kind),
+                ),
+            ];
+            d.pruned.retain(|(_, n)| *n > 0);
+            return d;
+        }
+    }
+    place_over(view, req, now, view.sites.values())
+}
+
+fn place_over<'s>(
+    view: View<'s>,
+    req: Request<'_>,
+    now: Millis,
+    sites: impl Iterator<Item = &'s Site>,
+) -> Decision {
     let spec = req.spec;
     let policy = policy_of(spec);
     let mut w = weights(&policy);
@@ -343,7 +394,7 @@ pub fn place(view: View<'_>, req: Request<'_>, now: Millis) -> Decision {
     let mut ready: Vec<(usize, Vec<DeviceShare>)> = Vec::new();
     let mut nearest_miss: Option<(SiteId, String)> = None;
 
-    for site in view.sites.values() {
+    for site in sites {
         let base = |pool: Option<&Pool>, reject: Reject| Candidate {
             site: site.id().clone(),
             tier: site.tier(),
@@ -433,6 +484,7 @@ pub fn place(view: View<'_>, req: Request<'_>, now: Millis) -> Decision {
             weights: w,
             outcome: Outcome::Wait(wait),
             candidates,
+            pruned: Vec::new(),
         };
     };
 
@@ -511,6 +563,7 @@ pub fn place(view: View<'_>, req: Request<'_>, now: Millis) -> Decision {
         weights: w,
         outcome,
         candidates,
+        pruned: Vec::new(),
     }
 }
 
@@ -650,6 +703,9 @@ pub fn fit_now(pool: &Pool, spec: &JobSpec) -> Option<Vec<DeviceShare>> {
 /// For each `prefer` dataset of the job, the lowest egress price (micro-USD per GB) among up sites holding it.
 fn cheapest_egress(sites: &BTreeMap<SiteId, Site>, spec: &JobSpec) -> HashMap<String, u64> {
     let mut out = HashMap::new();
+    if spec.datasets.is_empty() {
+        return out;
+    }
     for need in &spec.datasets {
         let price = sites
             .values()

@@ -120,6 +120,8 @@ pub struct State {
     /// Every job not yet finished (and, until pruned, some that just finished): what timers and retries scan,
     /// so their cost follows the live jobs, not the whole history.
     pub active: std::collections::BTreeSet<JobId>,
+    /// Sites by accelerator class and spare capacity; refiled after every change to a site.
+    pub index: super::index::SiteIndex,
 }
 
 impl State {
@@ -307,6 +309,7 @@ impl<J: Journal> Reactor<J> {
                     s.api_draining = drain;
                     self.state.dirty = true;
                 }
+                self.reindex(&site);
                 Response::Site(site)
             }
             Event::Tick => {
@@ -335,6 +338,7 @@ impl<J: Journal> Reactor<J> {
             if s.same_shape(&a) {
                 s.refresh(&a, now);
                 self.state.dirty = true;
+                self.reindex(&id);
                 self.try_pending(now);
                 return;
             }
@@ -347,7 +351,8 @@ impl<J: Journal> Reactor<J> {
                 site.apply_reservation(&asg.pool, &asg.devices, true);
             }
         }
-        self.state.sites.insert(id, site);
+        self.state.sites.insert(id.clone(), site);
+        self.reindex(&id);
         self.state.dirty = true;
         self.try_pending(now);
     }
@@ -511,6 +516,8 @@ impl<J: Journal> Reactor<J> {
             if let Some(site) = self.state.sites.get_mut(&a.site) {
                 site.apply_reservation(&a.pool, &a.devices, false);
             }
+            let site = a.site.clone();
+            self.reindex(&site);
         }
         self.state.dirty = true;
     }
@@ -699,6 +706,7 @@ impl<J: Journal> Reactor<J> {
         if let Some(s) = self.state.sites.get_mut(site) {
             s.up = false;
         }
+        self.reindex(site);
         let held: Vec<JobId> = self
             .state
             .active_jobs()
@@ -760,6 +768,7 @@ impl<J: Journal> Reactor<J> {
             rtt: &self.rtt,
             regions: &self.regions,
             throughput: &self.throughput,
+            index: Some(&self.state.index),
         };
         let request = Request {
             spec: &job.spec,
@@ -826,8 +835,16 @@ impl<J: Journal> Reactor<J> {
                 if let Some(s) = self.state.sites.get_mut(&site) {
                     s.apply_reservation(&pool, &devices, true);
                 }
+                self.reindex(&site);
                 self.outbox.push(Command::Offer(offer));
             }
+        }
+    }
+
+    /// Refiles a site in the index after a change to it.
+    fn reindex(&mut self, id: &SiteId) {
+        if let Some(s) = self.state.sites.get(id) {
+            self.state.index.update(s);
         }
     }
 
@@ -886,6 +903,16 @@ impl<J: Journal> Reactor<J> {
                     }
                 }
             }
+        }
+        let mut fresh = super::index::SiteIndex::default();
+        for site in self.state.sites.values() {
+            fresh.update(site);
+        }
+        if fresh != self.state.index {
+            return Err(format!(
+                "the site index differs from one rebuilt from the sites:\n{:?}\n{fresh:?}",
+                self.state.index
+            ));
         }
         if let Some(((s, p, i), m)) = reserved.into_iter().next() {
             return Err(format!("jobs hold {m} milli of unknown device {s}/{p}/{i}"));

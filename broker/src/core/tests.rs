@@ -25,6 +25,7 @@ fn choose(adverts: Vec<SiteAdvert>, spec: &JobSpec, waited_ms: u64) -> Outcome {
         rtt: &rtt,
         regions: &regions,
         throughput: &Default::default(),
+        index: None,
     };
     place(
         view,
@@ -106,6 +107,7 @@ fn faster_models_cost_less_per_job_under_the_throughput_table() {
                 rtt: &rtt,
                 regions: &regions,
                 throughput: t,
+                index: None,
             },
             Request {
                 spec: &spec,
@@ -246,6 +248,7 @@ fn every_candidate_is_explained() {
             rtt: &rtt,
             regions: &regions,
             throughput: &Default::default(),
+            index: None,
         },
         Request {
             spec: &spec,
@@ -595,6 +598,65 @@ mod oracle {
     }
 }
 
+mod index_oracle {
+    use super::*;
+    use crate::core::index::SiteIndex;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1000))]
+
+        /// With the index, a decision places the job exactly where a scan of every site does.
+        #[test]
+        fn the_index_changes_no_placement(
+            counts in proptest::collection::vec((1u32..9, 0u32..9, 0usize..3, 1u32..40, 0u32..700), 1..12),
+            need in 1u32..6,
+            share in proptest::option::of(1u32..1000),
+            policy in 0usize..4,
+        ) {
+            let adverts: Vec<SiteAdvert> = counts.iter().enumerate().map(|(i, (n, busy, tier, price, carbon))| {
+                let mut b = site(&format!("s{i}"), Tier::ALL[*tier], (i as f64) * 5.0, (i as f64) * 7.0)
+                    .gpus(if i % 3 == 0 { "H100" } else { "A100" }, *n, f64::from(*price) / 10.0)
+                    .carbon(*carbon);
+                for d in 0..(*busy).min(*n) {
+                    b = b.used(d as usize, if d % 2 == 0 { 1000 } else { 600 });
+                }
+                b.build()
+            }).collect();
+            let sites = sites(adverts);
+            let mut index = SiteIndex::default();
+            for s in sites.values() {
+                index.update(s);
+            }
+            let mut spec = job("k", need);
+            if let Some(m) = share {
+                spec.resources.count = 0;
+                spec.resources.milli = Some(m);
+            }
+            spec.policy = Some([Policy::Latency, Policy::Cost, Policy::Green, Policy::Balanced][policy].clone());
+            spec.users = vec![UserLocation { name: None, location: GeoPoint { lat: 40.0, lon: 10.0 }, weight: 1.0, rtt_region: None }];
+            let (rtt, regions, t) = (RttTable::default(), regions(), Default::default());
+            let decide = |index: Option<&SiteIndex>| {
+                place(
+                    View { sites: &sites, rtt: &rtt, regions: &regions, throughput: &t, index },
+                    Request { spec: &spec, waited_ms: 0, refused: &[], baseline: None },
+                    0,
+                )
+                .outcome
+            };
+            let (full, indexed) = (decide(None), decide(Some(&index)));
+            match (&full, &indexed) {
+                (Outcome::Place(a), Outcome::Place(b)) => {
+                    prop_assert_eq!(&a.site, &b.site);
+                    prop_assert_eq!(&a.devices, &b.devices);
+                }
+                (Outcome::Wait(a), Outcome::Wait(b)) => prop_assert_eq!(a, b),
+                _ => prop_assert!(false, "full scan {:?} vs index {:?}", full, indexed),
+            }
+        }
+    }
+}
+
 #[test]
 fn busy_candidates_say_how_much_is_free() {
     let adverts = vec![site("s", Tier::Owned, 0.0, 0.0)
@@ -610,6 +672,7 @@ fn busy_candidates_say_how_much_is_free() {
             rtt: &rtt,
             regions: &regions,
             throughput: &Default::default(),
+            index: None,
         },
         Request {
             spec: &spec,

@@ -123,6 +123,19 @@ pub fn site_view(site: &Site) -> SiteView {
 }
 
 pub fn explain_view(job: &Job) -> ExplainView {
+    let pruned = job
+        .decision
+        .as_ref()
+        .map(|d| {
+            d.pruned
+                .iter()
+                .map(|(reason, sites)| meridian_federation::PrunedView {
+                    reason: reason.clone(),
+                    sites: *sites,
+                })
+                .collect()
+        })
+        .unwrap_or_default();
     let (policy, decided_at_ms, candidates) = match &job.decision {
         Some(d) => (
             d.policy.to_owned(),
@@ -155,6 +168,7 @@ pub fn explain_view(job: &Job) -> ExplainView {
         policy,
         decided_at_ms,
         candidates,
+        pruned,
         history: job
             .history
             .iter()
