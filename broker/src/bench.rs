@@ -1,0 +1,241 @@
+//! `meridian bench placement`: decision latency over a large synthetic federation, with the site index and,
+//! in the same run, by a plain scan of every site.
+//!
+//! The federation is loaded the way a busy one is: each site has one or two pools (A100, H100, L4) of 8-64
+//! devices, each device busy with probability 0.9, so that a job's candidates are a small part of the sites.
+//! Requests mix 1, 2, 4 and 8 GPUs and milli-shares under all four policies, from users in random cities.
+#![allow(clippy::disallowed_methods)] // a benchmark: reads the clock
+
+use crate::core::index::SiteIndex;
+use crate::core::latency::RttTable;
+use crate::core::model::Site;
+use crate::core::placement::{place, Request, View};
+use crate::core::regions::Regions;
+use crate::core::throughput::Throughput;
+use crate::sim::trace::{city, SplitMix64, CITIES};
+use meridian_federation::*;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+/// A synthetic federation and requests for it.
+pub struct Bench {
+    pub sites: BTreeMap<SiteId, Site>,
+    pub index: SiteIndex,
+    pub jobs: Vec<JobSpec>,
+    pub rtt: RttTable,
+    pub regions: Regions,
+    pub throughput: Throughput,
+}
+
+const MODELS: [(&str, u64, u32, f64); 3] = [
+    ("A100", 81_920, 400, 1.99),
+    ("H100", 81_920, 700, 3.99),
+    ("L4", 24_576, 72, 0.56),
+];
+
+impl Bench {
+    pub fn new(n_sites: usize, n_jobs: usize, seed: u64) -> Self {
+        let mut rng = SplitMix64::new(seed);
+        let mut sites = BTreeMap::new();
+        for i in 0..n_sites {
+            let (_, at) = city(rng.weighted(&CITIES.map(|c| c.1)));
+            let tier = Tier::ALL[(rng.next_u64() % 3) as usize];
+            let pools = (0..1 + rng.next_u64() % 2)
+                .map(|p| {
+                    let (model, mem, watts, price) = MODELS[(rng.next_u64() % 3) as usize];
+                    let count = 8 * (1 + (rng.next_u64() % 8) as u32);
+                    PoolAdvert {
+                        name: format!("p{p}"),
+                        kind: AcceleratorKind::Gpu,
+                        vendor: "nvidia".into(),
+                        model: model.into(),
+                        memory_mib: mem,
+                        count,
+                        devices_per_node: 8,
+                        interconnect: Interconnect::Nvlink,
+                        power_watts: watts,
+                        measured_power_watts: None,
+                        sharing: Sharing {
+                            milli: true,
+                            mig_profiles: vec![],
+                        },
+                        price_micro_usd_per_hour: (price * 1e6 * (0.8 + 0.4 * rng.next_f64()))
+                            as u64,
+                        spot_price_micro_usd_per_hour: None,
+                        devices: (0..count)
+                            .map(|index| DeviceState {
+                                index,
+                                healthy: true,
+                                used_milli: if rng.next_f64() < 0.9 { 1000 } else { 0 },
+                            })
+                            .collect(),
+                    }
+                })
+                .collect();
+            let advert = SiteAdvert {
+                v: WIRE_VERSION,
+                site: SiteInfo {
+                    id: SiteId::new(format!("site-{i:05}"))
+                        .unwrap_or_else(|_| unreachable!("valid id")),
+                    kind: SiteKind::Datacenter,
+                    tier,
+                    location: GeoPoint {
+                        lat: (at.lat + rng.next_f64() * 4.0 - 2.0).clamp(-89.0, 89.0),
+                        lon: (at.lon + rng.next_f64() * 4.0 - 2.0).clamp(-179.0, 179.0),
+                    },
+                    region_tags: vec![],
+                    rtt_region: None,
+                    pue: 1.1 + rng.next_f64() * 0.6,
+                    carbon: Carbon {
+                        g_per_kwh: (20.0 + rng.next_f64() * 600.0) as u32,
+                        ..Carbon::default()
+                    },
+                    energy_micro_usd_per_kwh: 0,
+                    egress_micro_usd_per_gb: 90_000,
+                    datasets: vec![],
+                },
+                pools,
+                generation: 1,
+                draining: false,
+                sent_at_ms: 0,
+            };
+            let site = Site::from_advert(&advert, 0);
+            sites.insert(site.id().clone(), site);
+        }
+        let mut index = SiteIndex::default();
+        for s in sites.values() {
+            index.update(s);
+        }
+        let policies = [
+            Policy::Latency,
+            Policy::Cost,
+            Policy::Green,
+            Policy::Balanced,
+        ];
+        let jobs = (0..n_jobs)
+            .map(|i| {
+                let (count, milli) = match rng.next_u64() % 10 {
+                    0..=4 => (1, None),
+                    5 | 6 => (2, None),
+                    7 => (4, None),
+                    8 => (8, None),
+                    _ => (0, Some(250)),
+                };
+                let (name, location) = city(rng.weighted(&CITIES.map(|c| c.1)));
+                JobSpec {
+                    v: WIRE_VERSION,
+                    tenant: TenantId::new("bench").unwrap_or_else(|_| unreachable!("valid id")),
+                    idempotency_key: format!("b{i}"),
+                    name: None,
+                    kind: JobKind::Training,
+                    queue: None,
+                    priority: None,
+                    resources: Resources {
+                        kind: AcceleratorKind::Gpu,
+                        models: vec![],
+                        count,
+                        milli,
+                        memory_mib: None,
+                    },
+                    replicas: 1,
+                    duration_s: Some(3600),
+                    max_wait_s: 0,
+                    checkpointable: false,
+                    constraints: Constraints::default(),
+                    users: vec![UserLocation {
+                        name: Some(name.into()),
+                        location,
+                        weight: 1.0,
+                        rtt_region: None,
+                    }],
+                    datasets: vec![],
+                    policy: Some(policies[i % 4].clone()),
+                    run: RunSpec {
+                        command: "true".into(),
+                        ..RunSpec::default()
+                    },
+                }
+            })
+            .collect();
+        Bench {
+            sites,
+            index,
+            jobs,
+            rtt: RttTable::default(),
+            regions: Regions::default(),
+            throughput: Throughput::default(),
+        }
+    }
+
+    /// One decision for job `i`, with or without the index; returns whether it placed the job.
+    pub fn decide(&self, i: usize, indexed: bool) -> bool {
+        let view = View {
+            sites: &self.sites,
+            rtt: &self.rtt,
+            regions: &self.regions,
+            throughput: &self.throughput,
+            index: indexed.then_some(&self.index),
+        };
+        let d = place(
+            view,
+            Request {
+                spec: &self.jobs[i % self.jobs.len()],
+                waited_ms: 0,
+                refused: &[],
+                baseline: None,
+            },
+            0,
+        );
+        matches!(d.outcome, crate::core::placement::Outcome::Place(_))
+    }
+}
+
+#[derive(Serialize)]
+pub struct PlacementFigures {
+    pub sites: usize,
+    pub decisions_per_s: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub full_scan_p50_us: f64,
+    pub full_scan_p99_us: f64,
+    pub placed_share: f64,
+}
+
+fn percentiles(mut v: Vec<f64>) -> (f64, f64) {
+    v.sort_by(f64::total_cmp);
+    let at = |p: f64| v[((v.len() - 1) as f64 * p).round() as usize];
+    (at(0.5), at(0.99))
+}
+
+/// Times `decisions` decisions with the index and the same decisions by a full scan.
+pub fn placement(n_sites: usize, decisions: usize) -> PlacementFigures {
+    let b = Bench::new(n_sites, decisions, 42);
+    let mut placed = 0usize;
+    let mut times = Vec::with_capacity(decisions);
+    let started = Instant::now();
+    for i in 0..decisions {
+        let t = Instant::now();
+        placed += usize::from(b.decide(i, true));
+        times.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    let total = started.elapsed().as_secs_f64();
+    let mut scan = Vec::with_capacity(decisions);
+    for i in 0..decisions {
+        let t = Instant::now();
+        b.decide(i, false);
+        scan.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    let (p50, p99) = percentiles(times);
+    let (s50, s99) = percentiles(scan);
+    let r = |x: f64| (x * 100.0).round() / 100.0;
+    PlacementFigures {
+        sites: n_sites,
+        decisions_per_s: (decisions as f64 / total).round(),
+        p50_us: r(p50),
+        p99_us: r(p99),
+        full_scan_p50_us: r(s50),
+        full_scan_p99_us: r(s99),
+        placed_share: r(placed as f64 / decisions as f64),
+    }
+}
