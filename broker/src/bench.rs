@@ -137,10 +137,12 @@ impl Bench {
                         count,
                         milli,
                         memory_mib: None,
+                        same_node: false,
                     },
                     replicas: 1,
                     duration_s: Some(3600),
                     max_wait_s: 0,
+                    window: Default::default(),
                     checkpointable: false,
                     constraints: Constraints::default(),
                     users: vec![UserLocation {

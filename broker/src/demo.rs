@@ -159,6 +159,7 @@ fn spec(
         replicas: 1,
         duration_s: Some(duration_s),
         max_wait_s: 30,
+        window: Default::default(),
         checkpointable: false,
         constraints: Constraints::default(),
         users: vec![],
@@ -261,6 +262,7 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<bool> {
                 count: 0,
                 milli: Some(500),
                 memory_mib: None,
+                same_node: false,
             },
             3600,
             "echo serving on $MERIDIAN_SITE_ID; while true; do sleep 1; done".into(),
@@ -283,6 +285,7 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<bool> {
             count: if b.milli.is_some() { 0 } else { b.gpus },
             milli: b.milli,
             memory_mib: None,
+            same_node: false,
         };
         let mut s = spec(
             &b.name,

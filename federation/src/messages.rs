@@ -281,6 +281,10 @@ pub struct Resources {
     /// Minimum memory per device, MiB.
     #[serde(default)]
     pub memory_mib: Option<u64>,
+    /// All devices of the job (every replica) in one interconnect domain: one node of the pool
+    /// (`devices_per_node` consecutive device indices).
+    #[serde(default)]
+    pub same_node: bool,
 }
 
 impl Resources {
@@ -385,6 +389,18 @@ impl Policy {
     }
 }
 
+/// A job's start window. A job with a deadline is deferrable: under the `green` and `balanced` policies it
+/// may be held for a lower-carbon hour, as long as it still finishes by the deadline.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Window {
+    /// Earliest start, ms since the Unix epoch.
+    #[serde(default)]
+    pub start_after_ms: Option<u64>,
+    /// Latest finish, ms since the Unix epoch.
+    #[serde(default)]
+    pub deadline_ms: Option<u64>,
+}
+
 /// What to run.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RunSpec {
@@ -425,6 +441,9 @@ pub struct JobSpec {
     /// How long the job may wait for owned or partner capacity before it bursts to the cloud tier (0 = at once).
     #[serde(default)]
     pub max_wait_s: u64,
+    /// When the job may start and by when it must finish.
+    #[serde(default)]
+    pub window: Window,
     /// The job can write checkpoints and resume from them.
     #[serde(default)]
     pub checkpointable: bool,

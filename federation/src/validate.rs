@@ -243,6 +243,15 @@ impl Validate for JobSpec {
             range_u64("duration_s", d, 1, MAX_DURATION_S)?;
         }
         range_u64("max_wait_s", self.max_wait_s, 0, 30 * 24 * 3600)?;
+        if let (Some(start), Some(deadline)) = (self.window.start_after_ms, self.window.deadline_ms)
+        {
+            if deadline <= start {
+                return bad(
+                    "window.deadline_ms",
+                    format!("{deadline} is not after window.start_after_ms {start}"),
+                );
+            }
+        }
         let c = &self.constraints;
         if let Some(res) = &c.residency {
             token("constraints.residency", res)?;

@@ -34,6 +34,12 @@
 //! carbon); their weights above give the score shown in explanations. `balanced` and explicit weights choose
 //! the lowest score. A job without a policy gets `latency` if it is an inference job, else `balanced`.
 //!
+//! ## Time
+//! A job whose start window has not opened waits for it. A candidate on which the job, started now, would
+//! finish after its deadline is rejected. A job with a deadline placed under `green` or `balanced` may be
+//! deferred: if a later whole hour (within the site's forecast, and early enough to meet the deadline) cuts the
+//! run's mean grid intensity at the chosen site by at least 10%, the job waits for that hour.
+//!
 //! ## Spill-over
 //! Owned sites first, then partner sites; cloud sites only when no owned or partner site can take the job now
 //! and the job has waited its `max_wait_s`.
@@ -161,9 +167,18 @@ pub enum Reject {
         needs: u64,
     },
     NoMilliSharing,
+    /// The job wants one interconnect domain and a node of this pool is too small.
+    NodeTooSmall {
+        per_node: u32,
+        needs: u64,
+    },
     PriceAboveCap {
         price: u64,
         cap: u64,
+    },
+    /// Started now on this model, the job would finish after its deadline.
+    MissesDeadline {
+        late_by_ms: u64,
     },
     RefusedRecently,
     /// Fits the job's shape but not its size right now.
@@ -199,6 +214,17 @@ impl fmt::Display for Reject {
                 write!(f, "{has} healthy devices, needs {needs}")
             }
             Reject::NoMilliSharing => write!(f, "pool does not share devices"),
+            Reject::NodeTooSmall { per_node, needs } => {
+                write!(
+                    f,
+                    "{per_node} devices per node, the job needs {needs} in one node"
+                )
+            }
+            Reject::MissesDeadline { late_by_ms } => write!(
+                f,
+                "would finish {:.1} h after the deadline",
+                *late_by_ms as f64 / 3_600_000.0
+            ),
             Reject::PriceAboveCap { price, cap } => write!(
                 f,
                 "price {:.2} USD/h above cap {:.2}",
@@ -255,6 +281,29 @@ pub enum Wait {
     },
     /// Sites that fit are busy; the job waits for capacity (and for `max_wait` before cloud burst).
     Busy { burst_in_ms: Option<u64> },
+    /// The job's start window has not opened.
+    NotBefore { at_ms: Millis },
+    /// A deferrable job waits for a lower-carbon hour at the chosen site; its deadline still holds.
+    Deferred {
+        site: SiteId,
+        until_ms: Millis,
+        now_g_per_kwh: f64,
+        then_g_per_kwh: f64,
+    },
+}
+
+impl Wait {
+    /// When the job should be tried again even if nothing changes.
+    pub fn retry_at(&self, now: Millis) -> Option<Millis> {
+        match self {
+            Wait::Busy {
+                burst_in_ms: Some(ms),
+            } => Some(now + ms),
+            Wait::NotBefore { at_ms } => Some(*at_ms),
+            Wait::Deferred { until_ms, .. } => Some(*until_ms),
+            _ => None,
+        }
+    }
 }
 
 impl fmt::Display for Wait {
@@ -272,6 +321,16 @@ impl fmt::Display for Wait {
                 *ms as f64 / 1000.0
             ),
             Wait::Busy { burst_in_ms: None } => write!(f, "all sites that fit are busy"),
+            Wait::NotBefore { at_ms } => write!(f, "start window opens at {at_ms}"),
+            Wait::Deferred {
+                site,
+                until_ms,
+                now_g_per_kwh,
+                then_g_per_kwh,
+            } => write!(
+                f,
+                "deferred to {until_ms} for lower carbon at {site}: {then_g_per_kwh:.0} instead of {now_g_per_kwh:.0} gCO2e/kWh; the deadline still holds"
+            ),
         }
     }
 }
@@ -382,6 +441,16 @@ fn place_over<'s>(
 ) -> Decision {
     let spec = req.spec;
     let policy = policy_of(spec);
+    if let Some(at_ms) = spec.window.start_after_ms.filter(|t| *t > now) {
+        return Decision {
+            at_ms: now,
+            policy: req.baseline.map_or(policy.name(), Baseline::name),
+            weights: weights(&policy),
+            outcome: Outcome::Wait(Wait::NotBefore { at_ms }),
+            candidates: Vec::new(),
+            pruned: Vec::new(),
+        };
+    }
     let mut w = weights(&policy);
     if policy == Policy::Balanced && spec.kind != JobKind::Inference {
         // Batch and training work is not latency-bound: where its submitters sit does not matter.
@@ -416,6 +485,17 @@ fn place_over<'s>(
                 nearest_miss.get_or_insert_with(|| (site.id().clone(), r.to_string()));
                 candidates.push(base(Some(pool), r));
                 continue;
+            }
+            if let Some(deadline) = spec.window.deadline_ms {
+                let finish = now + view.throughput.runtime_ms(duration_ms, &pool.model);
+                if finish > deadline {
+                    let r = Reject::MissesDeadline {
+                        late_by_ms: finish - deadline,
+                    };
+                    nearest_miss.get_or_insert_with(|| (site.id().clone(), r.to_string()));
+                    candidates.push(base(Some(pool), r));
+                    continue;
+                }
             }
             if req.refused.contains(site.id()) {
                 candidates.push(base(Some(pool), Reject::RefusedRecently));
@@ -543,6 +623,30 @@ fn place_over<'s>(
             candidates[*i].reject = Some(Reject::Outscored);
         }
     }
+    let deferral = winner.as_ref().and_then(|(_, i, _)| {
+        let c = &candidates[*i];
+        let site = view.sites.get(&c.site)?;
+        let pool = c.pool.as_deref().and_then(|p| site.pool(p))?;
+        let weighs_carbon =
+            req.baseline.is_none() && matches!(policy, Policy::Green | Policy::Balanced);
+        let deadline = spec.window.deadline_ms.filter(|_| weighs_carbon)?;
+        defer(
+            site,
+            view.throughput.runtime_ms(duration_ms, &pool.model),
+            now,
+            deadline,
+        )
+    });
+    if let Some(wait) = deferral {
+        return Decision {
+            at_ms: now,
+            policy: policy.name(),
+            weights: w,
+            outcome: Outcome::Wait(wait),
+            candidates,
+            pruned: Vec::new(),
+        };
+    }
     let outcome = match winner {
         Some((_, i, devices)) => {
             let c = &mut candidates[i];
@@ -565,6 +669,36 @@ fn place_over<'s>(
         candidates,
         pruned: Vec::new(),
     }
+}
+
+/// Hours ahead a deferrable job looks for a cleaner start (the length of an advertised forecast).
+pub const DEFER_HORIZON_H: u64 = 72;
+/// A later start must cut the run's mean grid intensity by at least this share to be worth waiting for.
+pub const DEFER_MIN_SAVING: f64 = 0.10;
+
+/// The cleaner start for a deferrable run at `site`: the whole hour, up to [`DEFER_HORIZON_H`] ahead and no
+/// later than `deadline − runtime`, whose forecast mean intensity over the run is lowest, if it beats starting
+/// now by [`DEFER_MIN_SAVING`].
+fn defer(site: &Site, runtime_ms: u64, now: Millis, deadline: Millis) -> Option<Wait> {
+    const HOUR: u64 = 3_600_000;
+    let latest = deadline.checked_sub(runtime_ms)?;
+    let now_g = site.mean_intensity(now, runtime_ms);
+    let mut best: Option<(Millis, f64)> = None;
+    let mut t = now - now % HOUR + HOUR;
+    while t <= latest && t <= now + DEFER_HORIZON_H * HOUR {
+        let g = site.mean_intensity(t, runtime_ms);
+        if best.is_none_or(|(_, b)| g < b) {
+            best = Some((t, g));
+        }
+        t += HOUR;
+    }
+    let (until_ms, then_g) = best?;
+    (then_g < now_g * (1.0 - DEFER_MIN_SAVING)).then(|| Wait::Deferred {
+        site: site.id().clone(),
+        until_ms,
+        now_g_per_kwh: now_g,
+        then_g_per_kwh: then_g,
+    })
 }
 
 fn unreachable_terms() -> Terms {
@@ -638,6 +772,12 @@ fn pool_reject(pool: &Pool, spec: &JobSpec) -> Option<Reject> {
         Some(_) => 1,
         None => u64::from(r.count) * u64::from(spec.replicas),
     };
+    if r.same_node && u64::from(pool.devices_per_node) < needs_devices {
+        return Some(Reject::NodeTooSmall {
+            per_node: pool.devices_per_node,
+            needs: needs_devices,
+        });
+    }
     if (pool.healthy_devices() as u64) < needs_devices {
         return Some(Reject::TooFewDevices {
             has: pool.healthy_devices(),
@@ -658,12 +798,23 @@ fn pool_reject(pool: &Pool, spec: &JobSpec) -> Option<Reject> {
 /// Devices for the job if the pool can take it now. Whole devices: the lowest-numbered free ones. Shares:
 /// best fit, the device with the least free room that still holds the share, to keep whole devices free.
 pub fn fit_now(pool: &Pool, spec: &JobSpec) -> Option<Vec<DeviceShare>> {
+    if spec.resources.same_node {
+        // The first node (in index order) that holds the whole job.
+        let per = pool.devices_per_node.max(1) as usize;
+        return pool
+            .devices
+            .chunks(per)
+            .find_map(|node| fit_devices(node, spec));
+    }
+    fit_devices(&pool.devices, spec)
+}
+
+fn fit_devices(devices: &[super::model::Device], spec: &JobSpec) -> Option<Vec<DeviceShare>> {
     let r = &spec.resources;
     match r.milli {
         None => {
             let need = (r.count as usize) * (spec.replicas as usize);
-            let devices: Vec<DeviceShare> = pool
-                .devices
+            let devices: Vec<DeviceShare> = devices
                 .iter()
                 .filter(|d| d.free_milli() == 1000)
                 .take(need)
@@ -675,11 +826,8 @@ pub fn fit_now(pool: &Pool, spec: &JobSpec) -> Option<Vec<DeviceShare>> {
             (devices.len() == need).then_some(devices)
         }
         Some(share) => {
-            let mut free: Vec<(u32, u32)> = pool
-                .devices
-                .iter()
-                .map(|d| (d.index, d.free_milli()))
-                .collect();
+            let mut free: Vec<(u32, u32)> =
+                devices.iter().map(|d| (d.index, d.free_milli())).collect();
             let mut out: Vec<DeviceShare> = Vec::new();
             for _ in 0..spec.replicas {
                 let slot = free

@@ -781,12 +781,7 @@ impl<J: Journal> Reactor<J> {
         match &decision.outcome {
             Outcome::Wait(wait) => {
                 job.why = wait.to_string();
-                job.retry_at_ms = match wait {
-                    placement::Wait::Busy {
-                        burst_in_ms: Some(ms),
-                    } => Some(now + ms),
-                    _ => next_refusal,
-                };
+                job.retry_at_ms = wait.retry_at(now).or(next_refusal);
                 job.decision = Some(decision);
             }
             Outcome::Place(choice) => {

@@ -125,6 +125,159 @@ fn faster_models_cost_less_per_job_under_the_throughput_table() {
 }
 
 #[test]
+fn a_deadline_rules_out_slow_hardware() {
+    let adverts = vec![
+        site("slow-cheap", Tier::Owned, 0.0, 0.0)
+            .gpus("L4", 4, 0.5)
+            .build(),
+        site("fast-dear", Tier::Owned, 0.0, 0.0)
+            .gpus("H100", 4, 4.0)
+            .build(),
+    ];
+    let sites = sites(adverts);
+    let (rtt, regions) = (RttTable::default(), regions());
+    let mut t = super::throughput::Throughput::default();
+    t.insert("L4", 0.4);
+    t.insert("H100", 3.0);
+    let mut spec = job("k", 1);
+    spec.policy = Some(Policy::Cost);
+    spec.duration_s = Some(6 * 3600);
+    let decide = |spec: &JobSpec| {
+        place(
+            View {
+                sites: &sites,
+                rtt: &rtt,
+                regions: &regions,
+                throughput: &t,
+                index: None,
+            },
+            Request {
+                spec,
+                waited_ms: 0,
+                refused: &[],
+                baseline: None,
+            },
+            0,
+        )
+    };
+    assert_eq!(chosen_site(&decide(&spec).outcome), "slow-cheap");
+    // 6 reference hours take 15 h on the L4 and 2 h on the H100; a 10-hour deadline leaves only the H100.
+    spec.window.deadline_ms = Some(10 * 3_600_000);
+    let d = decide(&spec);
+    assert_eq!(chosen_site(&d.outcome), "fast-dear");
+    let slow = d
+        .candidates
+        .iter()
+        .find(|c| c.site.as_str() == "slow-cheap")
+        .unwrap();
+    assert!(slow
+        .reject
+        .as_ref()
+        .unwrap()
+        .to_string()
+        .contains("after the deadline"));
+}
+
+#[test]
+fn a_start_window_holds_the_job_until_it_opens() {
+    let mut env = TestEnv::new(trio());
+    let mut spec = job("later", 1);
+    spec.window.start_after_ms = Some(env.now + 30_000);
+    let id = env.submit(spec);
+    assert!(env.take_offers().is_empty());
+    assert!(env.reactor.state.jobs[&id]
+        .why
+        .contains("start window opens"));
+    for _ in 0..4 {
+        for s in ["a-cheap", "b-green", "c-frankfurt"] {
+            env.heartbeat(s);
+        }
+        env.advance(8_000);
+    }
+    assert_eq!(env.take_offers().len(), 1);
+}
+
+#[test]
+fn deferrable_work_waits_for_a_cleaner_hour_only_while_the_deadline_holds() {
+    const H: u64 = 3_600_000;
+    let mut a = site("solar", Tier::Owned, 0.0, 0.0)
+        .gpus("A100", 4, 1.0)
+        .carbon(400)
+        .build();
+    // Dirty now and for two hours, clean from the third hour on.
+    a.site.carbon.forecast_start_ms = 0;
+    a.site.carbon.forecast = vec![400, 400, 400, 100, 100, 100, 100, 100];
+    let sites = sites(vec![a]);
+    let (rtt, regions, t) = (RttTable::default(), regions(), Default::default());
+    let mut spec = job("k", 1);
+    spec.policy = Some(Policy::Green);
+    spec.duration_s = Some(3600);
+    spec.window.deadline_ms = Some(8 * H);
+    let decide = |spec: &JobSpec| {
+        place(
+            View {
+                sites: &sites,
+                rtt: &rtt,
+                regions: &regions,
+                throughput: &t,
+                index: None,
+            },
+            Request {
+                spec,
+                waited_ms: 0,
+                refused: &[],
+                baseline: None,
+            },
+            0,
+        )
+        .outcome
+    };
+    match decide(&spec) {
+        Outcome::Wait(Wait::Deferred { until_ms, .. }) => assert_eq!(until_ms, 3 * H),
+        other => panic!("expected a deferral, got {other:?}"),
+    }
+    // With the deadline too close for the clean hours, it runs now.
+    spec.window.deadline_ms = Some(3 * H);
+    assert_eq!(chosen_site(&decide(&spec)), "solar");
+    // Without a deadline it is not deferrable.
+    spec.window.deadline_ms = None;
+    assert_eq!(chosen_site(&decide(&spec)), "solar");
+}
+
+#[test]
+fn a_same_node_gang_stays_in_one_interconnect_domain() {
+    // Two nodes of 4: devices 0-3 and 4-7; node one has two free, node two three free.
+    let mut a = site("s", Tier::Owned, 0.0, 0.0)
+        .gpus("A100", 8, 1.0)
+        .build();
+    a.pools[0].devices_per_node = 4;
+    for d in [0usize, 1, 4] {
+        a.pools[0].devices[d].used_milli = 1000;
+    }
+    let mut spec = job("k", 3);
+    match choose(vec![a.clone()], &spec, 0) {
+        Outcome::Place(c) => assert_eq!(
+            c.devices.iter().map(|d| d.index).collect::<Vec<_>>(),
+            vec![2, 3, 5]
+        ),
+        other => panic!("{other:?}"),
+    }
+    spec.resources.same_node = true;
+    match choose(vec![a.clone()], &spec, 0) {
+        Outcome::Place(c) => assert_eq!(
+            c.devices.iter().map(|d| d.index).collect::<Vec<_>>(),
+            vec![5, 6, 7]
+        ),
+        other => panic!("{other:?}"),
+    }
+    spec.resources.count = 5;
+    assert!(matches!(
+        choose(vec![a], &spec, 0),
+        Outcome::Wait(Wait::NoSiteFits { .. })
+    ));
+}
+
+#[test]
 fn residency_excludes_cheaper_sites_outside_the_region() {
     let mut spec = job("k", 1);
     spec.policy = Some(Policy::Cost);
