@@ -105,7 +105,7 @@ impl Bench {
         }
         let mut index = SiteIndex::default();
         for s in sites.values() {
-            index.update(s);
+            index.update(s, &Throughput::default());
         }
         let policies = [
             Policy::Latency,
@@ -202,6 +202,8 @@ pub struct PlacementFigures {
     pub full_scan_p50_us: f64,
     pub full_scan_p99_us: f64,
     pub placed_share: f64,
+    /// p50 with the index, per policy, µs.
+    pub p50_us_by_policy: BTreeMap<String, f64>,
 }
 
 fn percentiles(mut v: Vec<f64>) -> (f64, f64) {
@@ -228,6 +230,14 @@ pub fn placement(n_sites: usize, decisions: usize) -> PlacementFigures {
         b.decide(i, false);
         scan.push(t.elapsed().as_secs_f64() * 1e6);
     }
+    let mut by_policy: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for (i, t) in times.iter().enumerate() {
+        let name = b.jobs[i % b.jobs.len()]
+            .policy
+            .as_ref()
+            .map_or("default", Policy::name);
+        by_policy.entry(name.to_owned()).or_default().push(*t);
+    }
     let (p50, p99) = percentiles(times);
     let (s50, s99) = percentiles(scan);
     let r = |x: f64| (x * 100.0).round() / 100.0;
@@ -239,5 +249,9 @@ pub fn placement(n_sites: usize, decisions: usize) -> PlacementFigures {
         full_scan_p50_us: r(s50),
         full_scan_p99_us: r(s99),
         placed_share: r(placed as f64 / decisions as f64),
+        p50_us_by_policy: by_policy
+            .into_iter()
+            .map(|(k, v)| (k, r(percentiles(v).0)))
+            .collect(),
     }
 }

@@ -4,9 +4,15 @@
 //! Per accelerator kind it keeps two ordered sets: `(most whole free devices in one pool, site)` for whole-
 //! device requests and `(most free milli on one device, site)` for shares; a request takes the range at or
 //! above what it needs.
+//!
+//! For the single-criterion policies it also keeps, per (kind, tier), the pools with room ordered by a lower
+//! bound of their objective per reference device-hour — cost: `price / throughput`; carbon:
+//! `power × PUE × lowest advertised intensity / throughput` — so that placement can examine pools best-first
+//! and stop once no remaining pool can beat the best found (see `placement::place`).
 
 use super::model::Site;
-use meridian_federation::{AcceleratorKind, SiteId};
+use super::throughput::Throughput;
+use meridian_federation::{AcceleratorKind, SiteId, Tier};
 use std::collections::{BTreeMap, BTreeSet};
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -17,6 +23,32 @@ pub struct SiteIndex {
     entries: BTreeMap<SiteId, Vec<(AcceleratorKind, u32, u32)>>,
     /// Sites per kind (all, listed or not), for the pruned counts.
     of_kind: BTreeMap<AcceleratorKind, usize>,
+    /// Pools with room, best-first by a lower bound of each objective.
+    ordered: BTreeMap<(AcceleratorKind, Tier, Objective), BTreeSet<(u64, SiteId, String)>>,
+    ordered_entries: BTreeMap<SiteId, Vec<((AcceleratorKind, Tier, Objective), u64, String)>>,
+}
+
+/// The objectives the index orders pools by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Objective {
+    Cost,
+    Carbon,
+}
+
+/// Lower bounds per reference device-hour: (micro-USD, gCO2e).
+fn bounds(site: &Site, pool: &super::model::Pool, throughput: &Throughput) -> (f64, f64) {
+    let tp = throughput.factor(&pool.model);
+    let c = &site.info.carbon;
+    let g_min = c
+        .forecast
+        .iter()
+        .copied()
+        .chain([c.g_per_kwh])
+        .min()
+        .unwrap_or(c.g_per_kwh);
+    let cost = pool.price_micro_usd_per_hour as f64 / tp;
+    let carbon = f64::from(pool.power_watts) * site.info.pue * f64::from(g_min) / 1000.0 / tp;
+    (cost, carbon)
 }
 
 /// The spare capacity of a site per kind: (kind, most whole free devices in a pool, most free milli on a device).
@@ -38,8 +70,26 @@ fn spare(site: &Site) -> Vec<(AcceleratorKind, u32, u32)> {
 
 impl SiteIndex {
     /// Files (or refiles) a site after any change to it.
-    pub fn update(&mut self, site: &Site) {
+    pub fn update(&mut self, site: &Site, throughput: &Throughput) {
         self.remove(site.id());
+        self.remove_ordered(site.id());
+        if site.up && !site.draining() {
+            let mut filed = Vec::new();
+            for p in site.pools.iter().filter(|p| p.free_milli() > 0) {
+                let (cost, carbon) = bounds(site, p, throughput);
+                for (obj, v) in [(Objective::Cost, cost), (Objective::Carbon, carbon)] {
+                    let key = (p.kind, site.tier(), obj);
+                    let bits = v.max(0.0).to_bits();
+                    self.ordered.entry(key).or_default().insert((
+                        bits,
+                        site.id().clone(),
+                        p.name.clone(),
+                    ));
+                    filed.push((key, bits, p.name.clone()));
+                }
+            }
+            self.ordered_entries.insert(site.id().clone(), filed);
+        }
         let kinds: BTreeSet<AcceleratorKind> = site.pools.iter().map(|p| p.kind).collect();
         for k in &kinds {
             *self.of_kind.entry(*k).or_default() += 1;
@@ -67,6 +117,32 @@ impl SiteIndex {
             }
         }
         self.entries.insert(site.id().clone(), s);
+    }
+
+    fn remove_ordered(&mut self, id: &SiteId) {
+        for (key, bits, pool) in self.ordered_entries.remove(id).unwrap_or_default() {
+            if let Some(set) = self.ordered.get_mut(&key) {
+                set.remove(&(bits, id.clone(), pool));
+                if set.is_empty() {
+                    self.ordered.remove(&key);
+                }
+            }
+        }
+    }
+
+    /// Pools of `kind` in `tier` with room, best-first by the lower bound of `objective` per reference
+    /// device-hour.
+    pub fn ordered(
+        &self,
+        kind: AcceleratorKind,
+        tier: Tier,
+        objective: Objective,
+    ) -> impl Iterator<Item = (f64, &SiteId, &str)> {
+        self.ordered
+            .get(&(kind, tier, objective))
+            .into_iter()
+            .flatten()
+            .map(|(bits, id, pool)| (f64::from_bits(*bits), id, pool.as_str()))
     }
 
     fn remove(&mut self, id: &SiteId) {

@@ -44,7 +44,7 @@
 //! Owned sites first, then partner sites; cloud sites only when no owned or partner site can take the job now
 //! and the job has waited its `max_wait_s`.
 
-use super::index::SiteIndex;
+use super::index::{Objective, SiteIndex};
 use super::latency::{self, RttTable};
 use super::metering::{self, Rates};
 use super::model::{Pool, Site};
@@ -396,6 +396,12 @@ pub fn policy_of(spec: &JobSpec) -> Policy {
 /// With an index, only the sites it lists as having room now are evaluated; when none of them can take the
 /// job, every site is evaluated so that the explanation of the wait is complete.
 pub fn place(view: View<'_>, req: Request<'_>, now: Millis) -> Decision {
+    if let Some(d) = view
+        .index
+        .and_then(|index| place_best_first(view, req, now, index))
+    {
+        return d;
+    }
     if let Some(index) = view.index {
         let r = &req.spec.resources;
         let whole = if r.milli.is_some() {
@@ -431,6 +437,99 @@ pub fn place(view: View<'_>, req: Request<'_>, now: Millis) -> Decision {
         }
     }
     place_over(view, req, now, view.sites.values())
+}
+
+/// The single-criterion policies (`cost`, `green`) for jobs without datasets: examine pools best-first by the
+/// index's lower bound of the objective, tier by tier, and stop once the next bound exceeds the best exact
+/// value found. Every pool left unexamined is provably worse, so the choice is the one a full scan makes.
+/// `None` when the fast path does not apply or finds nothing (the caller then evaluates more sites).
+fn place_best_first(
+    view: View<'_>,
+    req: Request<'_>,
+    now: Millis,
+    index: &SiteIndex,
+) -> Option<Decision> {
+    let spec = req.spec;
+    let objective = match policy_of(spec) {
+        Policy::Cost => Objective::Cost,
+        Policy::Green => Objective::Carbon,
+        _ => return None,
+    };
+    if req.baseline.is_some()
+        || !spec.datasets.is_empty()
+        || spec.window.start_after_ms.is_some_and(|t| t > now)
+    {
+        return None;
+    }
+    let duration_ms = spec.duration_s.unwrap_or(DEFAULT_DURATION_S) * 1000;
+    // Bound of the whole job from a per-device-hour bound, with room for integer rounding.
+    let scale = spec.total_milli() as f64 / 1000.0 * duration_ms as f64 / 3_600_000.0;
+    let no_egress = HashMap::new();
+    for tier in Tier::ALL {
+        if tier == Tier::Cloud && req.waited_ms < spec.max_wait_s * 1000 {
+            return None;
+        }
+        let mut best: Option<f64> = None;
+        let mut examined: Vec<&SiteId> = Vec::new();
+        for (bound, id, pool_name) in index.ordered(spec.resources.kind, tier, objective) {
+            let lower = bound * scale * (1.0 - 1e-3) - 1.0;
+            if best.is_some_and(|b| lower > b) {
+                break;
+            }
+            let Some(site) = view.sites.get(id) else {
+                continue;
+            };
+            let Some(pool) = site.pool(pool_name) else {
+                continue;
+            };
+            if !examined.contains(&id) {
+                examined.push(id);
+            }
+            if site_reject(view, site, spec).is_some()
+                || pool_reject(pool, spec).is_some()
+                || req.refused.contains(id)
+            {
+                continue;
+            }
+            let runtime = view.throughput.runtime_ms(duration_ms, &pool.model);
+            if spec.window.deadline_ms.is_some_and(|d| now + runtime > d)
+                || fit_now(pool, spec).is_none()
+            {
+                continue;
+            }
+            let t = terms(view, site, pool, spec, &no_egress, now, duration_ms);
+            let value = match objective {
+                Objective::Cost => t.cost_micro_usd as f64,
+                Objective::Carbon => t.co2_g as f64,
+            };
+            best = Some(best.map_or(value, |b: f64| b.min(value)));
+        }
+        if best.is_some() {
+            let listed = examined.len();
+            let mut d = place_over(
+                view,
+                req,
+                now,
+                examined.into_iter().filter_map(|id| view.sites.get(id)),
+            );
+            if !matches!(d.outcome, Outcome::Place(_)) {
+                return None;
+            }
+            d.pruned = vec![(
+                format!(
+                    "not examined: their lower bound on {} exceeds the best found",
+                    match objective {
+                        Objective::Cost => "cost",
+                        Objective::Carbon => "carbon",
+                    }
+                ),
+                view.sites.len().saturating_sub(listed),
+            )];
+            d.pruned.retain(|(_, n)| *n > 0);
+            return Some(d);
+        }
+    }
+    None
 }
 
 fn place_over<'s>(

@@ -839,7 +839,7 @@ impl<J: Journal> Reactor<J> {
     /// Refiles a site in the index after a change to it.
     fn reindex(&mut self, id: &SiteId) {
         if let Some(s) = self.state.sites.get(id) {
-            self.state.index.update(s);
+            self.state.index.update(s, &self.throughput);
         }
     }
 
@@ -901,7 +901,7 @@ impl<J: Journal> Reactor<J> {
         }
         let mut fresh = super::index::SiteIndex::default();
         for site in self.state.sites.values() {
-            fresh.update(site);
+            fresh.update(site, &self.throughput);
         }
         if fresh != self.state.index {
             return Err(format!(

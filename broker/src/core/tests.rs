@@ -779,7 +779,7 @@ mod index_oracle {
             let sites = sites(adverts);
             let mut index = SiteIndex::default();
             for s in sites.values() {
-                index.update(s);
+                index.update(s, &Default::default());
             }
             let mut spec = job("k", need);
             if let Some(m) = share {
