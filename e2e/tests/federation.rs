@@ -46,7 +46,7 @@ fn placement_on_the_demo_federation() {
         .unwrap()
         .iter()
         .find(|c| c["site"] == "dc-virginia")
-        .unwrap()
+        .unwrap_or_else(|| panic!("dc-virginia is not among the candidates: {explained}"))
         .clone();
     assert!(
         virginia["rejected"]

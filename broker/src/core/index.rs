@@ -24,9 +24,12 @@ pub struct SiteIndex {
     /// Sites per kind (all, listed or not), for the pruned counts.
     of_kind: BTreeMap<AcceleratorKind, usize>,
     /// Pools with room, best-first by a lower bound of each objective.
-    ordered: BTreeMap<(AcceleratorKind, Tier, Objective), BTreeSet<(u64, SiteId, String)>>,
-    ordered_entries: BTreeMap<SiteId, Vec<((AcceleratorKind, Tier, Objective), u64, String)>>,
+    ordered: BTreeMap<OrderKey, BTreeSet<(u64, SiteId, String)>>,
+    ordered_entries: BTreeMap<SiteId, Vec<(OrderKey, u64, String)>>,
 }
+
+/// One best-first list: pools of a kind in a tier, by one objective.
+type OrderKey = (AcceleratorKind, Tier, Objective);
 
 /// The objectives the index orders pools by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -465,12 +465,13 @@ fn place_best_first(
     // Bound of the whole job from a per-device-hour bound, with room for integer rounding.
     let scale = spec.total_milli() as f64 / 1000.0 * duration_ms as f64 / 3_600_000.0;
     let no_egress = HashMap::new();
+    // Sites examined in every tier so far, so that the explanation keeps why earlier tiers could not serve.
+    let mut examined: Vec<&SiteId> = Vec::new();
     for tier in Tier::ALL {
         if tier == Tier::Cloud && req.waited_ms < spec.max_wait_s * 1000 {
             return None;
         }
         let mut best: Option<f64> = None;
-        let mut examined: Vec<&SiteId> = Vec::new();
         for (bound, id, pool_name) in index.ordered(spec.resources.kind, tier, objective) {
             let lower = bound * scale * (1.0 - 1e-3) - 1.0;
             if best.is_some_and(|b| lower > b) {
