@@ -13,9 +13,11 @@
 use super::model::Site;
 use super::throughput::Throughput;
 use meridian_federation::{AcceleratorKind, SiteId, Tier};
+use rstar::primitives::GeomWithData;
+use rstar::RTree;
 use std::collections::{BTreeMap, BTreeSet};
 
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default)]
 pub struct SiteIndex {
     whole: BTreeMap<AcceleratorKind, BTreeSet<(u32, SiteId)>>,
     milli: BTreeMap<AcceleratorKind, BTreeSet<(u32, SiteId)>>,
@@ -26,6 +28,44 @@ pub struct SiteIndex {
     /// Pools with room, best-first by a lower bound of each objective.
     ordered: BTreeMap<OrderKey, BTreeSet<(u64, SiteId, String)>>,
     ordered_entries: BTreeMap<SiteId, Vec<(OrderKey, u64, String)>>,
+    /// Pools with room per (kind, tier) in an R-tree over unit vectors, for nearest-first search.
+    spatial: BTreeMap<TierKey, RTree<Located>>,
+    spatial_entries: BTreeMap<SiteId, Vec<(TierKey, [f64; 3], String)>>,
+}
+
+/// Pools of one kind in one tier.
+type TierKey = (AcceleratorKind, Tier);
+
+/// A pool of a site at a point of the unit sphere (chord length grows with great-circle distance).
+type Located = GeomWithData<[f64; 3], (SiteId, String)>;
+
+/// The unit vector of a point on the globe.
+pub fn unit_vector(p: meridian_federation::GeoPoint) -> [f64; 3] {
+    let (lat, lon) = (p.lat.to_radians(), p.lon.to_radians());
+    [lat.cos() * lon.cos(), lat.cos() * lon.sin(), lat.sin()]
+}
+
+impl PartialEq for SiteIndex {
+    /// The R-trees are built from `spatial_entries`, which are compared instead.
+    fn eq(&self, other: &Self) -> bool {
+        self.whole == other.whole
+            && self.milli == other.milli
+            && self.entries == other.entries
+            && self.of_kind == other.of_kind
+            && self.ordered == other.ordered
+            && self.ordered_entries == other.ordered_entries
+            && self.spatial_entries == other.spatial_entries
+            && self
+                .spatial
+                .iter()
+                .map(|(k, t)| (*k, t.size()))
+                .collect::<Vec<_>>()
+                == other
+                    .spatial
+                    .iter()
+                    .map(|(k, t)| (*k, t.size()))
+                    .collect::<Vec<_>>()
+    }
 }
 
 /// One best-first list: pools of a kind in a tier, by one objective.
@@ -76,7 +116,19 @@ impl SiteIndex {
     pub fn update(&mut self, site: &Site, throughput: &Throughput) {
         self.remove(site.id());
         self.remove_ordered(site.id());
+        self.remove_spatial(site.id());
         if site.up && !site.draining() {
+            let at = unit_vector(site.info.location);
+            let mut placed = Vec::new();
+            for p in site.pools.iter().filter(|p| p.free_milli() > 0) {
+                let key = (p.kind, site.tier());
+                self.spatial
+                    .entry(key)
+                    .or_default()
+                    .insert(GeomWithData::new(at, (site.id().clone(), p.name.clone())));
+                placed.push((key, at, p.name.clone()));
+            }
+            self.spatial_entries.insert(site.id().clone(), placed);
             let mut filed = Vec::new();
             for p in site.pools.iter().filter(|p| p.free_milli() > 0) {
                 let (cost, carbon) = bounds(site, p, throughput);
@@ -120,6 +172,31 @@ impl SiteIndex {
             }
         }
         self.entries.insert(site.id().clone(), s);
+    }
+
+    fn remove_spatial(&mut self, id: &SiteId) {
+        for (key, at, pool) in self.spatial_entries.remove(id).unwrap_or_default() {
+            if let Some(tree) = self.spatial.get_mut(&key) {
+                tree.remove(&GeomWithData::new(at, (id.clone(), pool)));
+                if tree.size() == 0 {
+                    self.spatial.remove(&key);
+                }
+            }
+        }
+    }
+
+    /// Pools of `kind` in `tier` with room, nearest first to the point with unit vector `at`.
+    pub fn nearest(
+        &self,
+        kind: AcceleratorKind,
+        tier: Tier,
+        at: [f64; 3],
+    ) -> impl Iterator<Item = (&SiteId, &str)> {
+        self.spatial
+            .get(&(kind, tier))
+            .into_iter()
+            .flat_map(move |t| t.nearest_neighbor_iter(&at))
+            .map(|g| (&g.data.0, g.data.1.as_str()))
     }
 
     fn remove_ordered(&mut self, id: &SiteId) {

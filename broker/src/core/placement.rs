@@ -402,6 +402,12 @@ pub fn place(view: View<'_>, req: Request<'_>, now: Millis) -> Decision {
     {
         return d;
     }
+    if let Some(d) = view
+        .index
+        .and_then(|index| place_nearest_first(view, req, now, index))
+    {
+        return d;
+    }
     if let Some(index) = view.index {
         let r = &req.spec.resources;
         let whole = if r.milli.is_some() {
@@ -524,6 +530,102 @@ fn place_best_first(
                         Objective::Carbon => "carbon",
                     }
                 ),
+                view.sites.len().saturating_sub(listed),
+            )];
+            d.pruned.retain(|(_, n)| *n > 0);
+            return Some(d);
+        }
+    }
+    None
+}
+
+/// The `latency` policy for jobs whose users use the distance estimate (no measured regions) and that read no
+/// datasets: examine pools nearest-first to a reference user, tier by tier, and stop once the lower bound of the
+/// next pool's mean round trip exceeds the best found. The bound follows from the triangle inequality:
+/// `d(u, s) >= d(r, s) - d(r, u)` for the reference user `r`, so the weighted mean round trip is at least
+/// `BASE + k * (d(r, s) - mean d(r, u))`. Exact, like `place_best_first`.
+fn place_nearest_first(
+    view: View<'_>,
+    req: Request<'_>,
+    now: Millis,
+    index: &SiteIndex,
+) -> Option<Decision> {
+    let spec = req.spec;
+    if policy_of(spec) != Policy::Latency
+        || req.baseline.is_some()
+        || !spec.datasets.is_empty()
+        || spec.users.is_empty()
+        || spec.users.iter().any(|u| u.rtt_region.is_some())
+        || spec.window.start_after_ms.is_some_and(|t| t > now)
+    {
+        return None;
+    }
+    let reference = spec
+        .users
+        .iter()
+        .max_by(|a, b| a.weight.total_cmp(&b.weight))?
+        .location;
+    let total: f64 = spec.users.iter().map(|u| u.weight).sum();
+    let spread: f64 = spec
+        .users
+        .iter()
+        .map(|u| u.weight * latency::distance_km(reference, u.location))
+        .sum::<f64>()
+        / total;
+    let per_km = 2.0 * latency::ROUTE_FACTOR / latency::FIBRE_KM_PER_MS;
+    let at = super::index::unit_vector(reference);
+    let duration_ms = spec.duration_s.unwrap_or(DEFAULT_DURATION_S) * 1000;
+    let no_egress = HashMap::new();
+    let mut examined: Vec<&SiteId> = Vec::new();
+    for tier in Tier::ALL {
+        if tier == Tier::Cloud && req.waited_ms < spec.max_wait_s * 1000 {
+            return None;
+        }
+        let mut best: Option<f64> = None;
+        for (id, pool_name) in index.nearest(spec.resources.kind, tier, at) {
+            let Some(site) = view.sites.get(id) else {
+                continue;
+            };
+            let lower = latency::BASE_RTT_MS
+                + per_km * (latency::distance_km(reference, site.info.location) - spread)
+                - 1e-6;
+            if best.is_some_and(|b| lower > b) {
+                break;
+            }
+            let Some(pool) = site.pool(pool_name) else {
+                continue;
+            };
+            if !examined.contains(&id) {
+                examined.push(id);
+            }
+            if site_reject(view, site, spec).is_some()
+                || pool_reject(pool, spec).is_some()
+                || req.refused.contains(id)
+            {
+                continue;
+            }
+            let runtime = view.throughput.runtime_ms(duration_ms, &pool.model);
+            if spec.window.deadline_ms.is_some_and(|d| now + runtime > d)
+                || fit_now(pool, spec).is_none()
+            {
+                continue;
+            }
+            let t = terms(view, site, pool, spec, &no_egress, now, duration_ms);
+            best = Some(best.map_or(t.latency_ms, |b: f64| b.min(t.latency_ms)));
+        }
+        if best.is_some() {
+            let listed = examined.len();
+            let mut d = place_over(
+                view,
+                req,
+                now,
+                examined.into_iter().filter_map(|id| view.sites.get(id)),
+            );
+            if !matches!(d.outcome, Outcome::Place(_)) {
+                return None;
+            }
+            d.pruned = vec![(
+                "not examined: farther than the best round trip found allows".to_owned(),
                 view.sites.len().saturating_sub(listed),
             )];
             d.pruned.retain(|(_, n)| *n > 0);

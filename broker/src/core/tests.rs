@@ -766,6 +766,7 @@ mod index_oracle {
             need in 1u32..6,
             share in proptest::option::of(1u32..1000),
             policy in 0usize..4,
+            users in proptest::collection::vec((-60.0f64..60.0, -170.0f64..170.0, 0.1f64..5.0), 1..4),
         ) {
             let adverts: Vec<SiteAdvert> = counts.iter().enumerate().map(|(i, (n, busy, tier, price, carbon))| {
                 let mut b = site(&format!("s{i}"), Tier::ALL[*tier], (i as f64) * 5.0, (i as f64) * 7.0)
@@ -787,7 +788,10 @@ mod index_oracle {
                 spec.resources.milli = Some(m);
             }
             spec.policy = Some([Policy::Latency, Policy::Cost, Policy::Green, Policy::Balanced][policy].clone());
-            spec.users = vec![UserLocation { name: None, location: GeoPoint { lat: 40.0, lon: 10.0 }, weight: 1.0, rtt_region: None }];
+            spec.users = users
+                .iter()
+                .map(|(lat, lon, w)| UserLocation { name: None, location: GeoPoint { lat: *lat, lon: *lon }, weight: *w, rtt_region: None })
+                .collect();
             let (rtt, regions, t) = (RttTable::default(), regions(), Default::default());
             let decide = |index: Option<&SiteIndex>| {
                 place(
