@@ -398,13 +398,7 @@ pub fn policy_of(spec: &JobSpec) -> Policy {
 pub fn place(view: View<'_>, req: Request<'_>, now: Millis) -> Decision {
     if let Some(d) = view
         .index
-        .and_then(|index| place_best_first(view, req, now, index))
-    {
-        return d;
-    }
-    if let Some(d) = view
-        .index
-        .and_then(|index| place_nearest_first(view, req, now, index))
+        .and_then(|index| place_indexed(view, req, now, index))
     {
         return d;
     }
@@ -445,194 +439,295 @@ pub fn place(view: View<'_>, req: Request<'_>, now: Millis) -> Decision {
     place_over(view, req, now, view.sites.values())
 }
 
-/// The single-criterion policies (`cost`, `green`) for jobs without datasets: examine pools best-first by the
-/// index's lower bound of the objective, tier by tier, and stop once the next bound exceeds the best exact
-/// value found. Every pool left unexamined is provably worse, so the choice is the one a full scan makes.
-/// `None` when the fast path does not apply or finds nothing (the caller then evaluates more sites).
-fn place_best_first(
+/// Whether the job can run on this pool now, and its terms there if so.
+fn ready_terms(
     view: View<'_>,
     req: Request<'_>,
     now: Millis,
-    index: &SiteIndex,
-) -> Option<Decision> {
+    site: &Site,
+    pool: &Pool,
+    duration_ms: u64,
+) -> Option<Terms> {
     let spec = req.spec;
-    let objective = match policy_of(spec) {
-        Policy::Cost => Objective::Cost,
-        Policy::Green => Objective::Carbon,
-        _ => return None,
-    };
-    if req.baseline.is_some()
-        || !spec.datasets.is_empty()
-        || spec.window.start_after_ms.is_some_and(|t| t > now)
+    if site_reject(view, site, spec).is_some()
+        || pool_reject(pool, spec).is_some()
+        || req.refused.contains(site.id())
     {
         return None;
     }
-    let duration_ms = spec.duration_s.unwrap_or(DEFAULT_DURATION_S) * 1000;
-    // Bound of the whole job from a per-device-hour bound, with room for integer rounding.
-    let scale = spec.total_milli() as f64 / 1000.0 * duration_ms as f64 / 3_600_000.0;
-    let no_egress = HashMap::new();
-    // Sites examined in every tier so far, so that the explanation keeps why earlier tiers could not serve.
-    let mut examined: Vec<&SiteId> = Vec::new();
-    for tier in Tier::ALL {
-        if tier == Tier::Cloud && req.waited_ms < spec.max_wait_s * 1000 {
-            return None;
-        }
-        let mut best: Option<f64> = None;
-        for (bound, id, pool_name) in index.ordered(spec.resources.kind, tier, objective) {
-            let lower = bound * scale * (1.0 - 1e-3) - 1.0;
-            if best.is_some_and(|b| lower > b) {
-                break;
-            }
-            let Some(site) = view.sites.get(id) else {
-                continue;
-            };
-            let Some(pool) = site.pool(pool_name) else {
-                continue;
-            };
-            if !examined.contains(&id) {
-                examined.push(id);
-            }
-            if site_reject(view, site, spec).is_some()
-                || pool_reject(pool, spec).is_some()
-                || req.refused.contains(id)
-            {
-                continue;
-            }
-            let runtime = view.throughput.runtime_ms(duration_ms, &pool.model);
-            if spec.window.deadline_ms.is_some_and(|d| now + runtime > d)
-                || fit_now(pool, spec).is_none()
-            {
-                continue;
-            }
-            let t = terms(view, site, pool, spec, &no_egress, now, duration_ms);
-            let value = match objective {
-                Objective::Cost => t.cost_micro_usd as f64,
-                Objective::Carbon => t.co2_g as f64,
-            };
-            best = Some(best.map_or(value, |b: f64| b.min(value)));
-        }
-        if best.is_some() {
-            let listed = examined.len();
-            let mut d = place_over(
-                view,
-                req,
-                now,
-                examined.into_iter().filter_map(|id| view.sites.get(id)),
-            );
-            if !matches!(d.outcome, Outcome::Place(_)) {
-                return None;
-            }
-            d.pruned = vec![(
-                format!(
-                    "not examined: their lower bound on {} exceeds the best found",
-                    match objective {
-                        Objective::Cost => "cost",
-                        Objective::Carbon => "carbon",
-                    }
-                ),
-                view.sites.len().saturating_sub(listed),
-            )];
-            d.pruned.retain(|(_, n)| *n > 0);
-            return Some(d);
-        }
+    let runtime = view.throughput.runtime_ms(duration_ms, &pool.model);
+    if spec.window.deadline_ms.is_some_and(|d| now + runtime > d) || fit_now(pool, spec).is_none() {
+        return None;
     }
-    None
+    Some(terms(
+        view,
+        site,
+        pool,
+        spec,
+        &HashMap::new(),
+        now,
+        duration_ms,
+    ))
 }
 
-/// The `latency` policy for jobs whose users use the distance estimate (no measured regions) and that read no
-/// datasets: examine pools nearest-first to a reference user, tier by tier, and stop once the lower bound of the
-/// next pool's mean round trip exceeds the best found. The bound follows from the triangle inequality:
-/// `d(u, s) >= d(r, s) - d(r, u)` for the reference user `r`, so the weighted mean round trip is at least
-/// `BASE + k * (d(r, s) - mean d(r, u))`. Exact, like `place_best_first`.
-fn place_nearest_first(
-    view: View<'_>,
+/// One best-first list of pools with room: (lower bound of the term, site, pool), ascending by the bound.
+type List<'a> = Box<dyn Iterator<Item = (f64, &'a SiteId, &'a str)> + 'a>;
+
+/// The lists of a tier, per term index (0 cost, 2 carbon, 3 latency), for the terms the search uses.
+fn lists<'a>(
+    view: View<'a>,
+    spec: &'a JobSpec,
+    index: &'a SiteIndex,
+    tier: Tier,
+    terms_used: &[usize],
+    duration_ms: u64,
+) -> Vec<(usize, List<'a>)> {
+    // A whole-job bound from a per-device-hour bound, with room for integer rounding.
+    let scale = spec.total_milli() as f64 / 1000.0 * duration_ms as f64 / 3_600_000.0;
+    let kind = spec.resources.kind;
+    let mut out: Vec<(usize, List<'a>)> = Vec::new();
+    for &term in terms_used {
+        let list: List<'a> = match term {
+            0 | 2 => {
+                let objective = if term == 0 {
+                    Objective::Cost
+                } else {
+                    Objective::Carbon
+                };
+                Box::new(
+                    index
+                        .ordered(kind, tier, objective)
+                        .map(move |(b, id, p)| (b * scale * (1.0 - 1e-3) - 1.0, id, p)),
+                )
+            }
+            _ => {
+                let Some(reference) = spec
+                    .users
+                    .iter()
+                    .max_by(|a, b| a.weight.total_cmp(&b.weight))
+                else {
+                    continue;
+                };
+                let reference = reference.location;
+                let total: f64 = spec.users.iter().map(|u| u.weight).sum();
+                // Triangle inequality: d(u, s) >= d(r, s) - d(r, u) for the reference user r.
+                let spread: f64 = spec
+                    .users
+                    .iter()
+                    .map(|u| u.weight * latency::distance_km(reference, u.location))
+                    .sum::<f64>()
+                    / total;
+                let per_km = 2.0 * latency::ROUTE_FACTOR / latency::FIBRE_KM_PER_MS;
+                let sites = view.sites;
+                Box::new(
+                    index
+                        .nearest(kind, tier, super::index::unit_vector(reference))
+                        .map(move |(id, p)| {
+                            let d = sites
+                                .get(id)
+                                .map_or(0.0, |s| latency::distance_km(reference, s.info.location));
+                            (latency::BASE_RTT_MS + per_km * (d - spread) - 1e-6, id, p)
+                        }),
+                )
+            }
+        };
+        out.push((term, list));
+    }
+    out
+}
+
+/// Walks one list and returns the exact minimum of `term` over the pools that can run the job now, stopping once
+/// the bound passes it; every site looked at is added to `examined`.
+fn best_of<'a>(
+    view: View<'a>,
     req: Request<'_>,
     now: Millis,
-    index: &SiteIndex,
+    list: List<'a>,
+    term: usize,
+    duration_ms: u64,
+    examined: &mut Vec<&'a SiteId>,
+) -> Option<f64> {
+    let mut best: Option<f64> = None;
+    for (lower, id, pool_name) in list {
+        if best.is_some_and(|b| lower > b) {
+            break;
+        }
+        let Some(site) = view.sites.get(id) else {
+            continue;
+        };
+        let Some(pool) = site.pool(pool_name) else {
+            continue;
+        };
+        if !examined.contains(&id) {
+            examined.push(id);
+        }
+        if let Some(t) = ready_terms(view, req, now, site, pool, duration_ms) {
+            let v = t.values()[term];
+            best = Some(best.map_or(v, |b| b.min(v)));
+        }
+    }
+    best
+}
+
+/// Placement through the index without scoring every site with room, where an exact search applies:
+/// - `cost`, `green`, `latency`: walk the pools best-first by a lower bound of the policy's first term (cost and
+///   carbon per reference device-hour; round trip from the users by the triangle inequality in an R-tree) and
+///   stop once the bound passes the best exact value;
+/// - `balanced` and weights on cost, carbon and latency: find each term's best the same way (the normalisation
+///   needs them), then run the threshold algorithm over the three lists: the score only grows with each term,
+///   so a pool not yet seen scores at least the score of the lists' current bounds, and the search stops when
+///   the best exact score is below that.
+///
+/// The sites examined are then evaluated by `place_over`, in site-id order, so the decision and its
+/// explanation are those of a full scan restricted to sites that can matter. Jobs with datasets, measured
+/// user regions, a closed start window or a baseline ranking take the general path (`None`).
+fn place_indexed<'a>(
+    view: View<'a>,
+    req: Request<'a>,
+    now: Millis,
+    index: &'a SiteIndex,
 ) -> Option<Decision> {
     let spec = req.spec;
-    if policy_of(spec) != Policy::Latency
-        || req.baseline.is_some()
+    let policy = policy_of(spec);
+    if req.baseline.is_some()
         || !spec.datasets.is_empty()
-        || spec.users.is_empty()
         || spec.users.iter().any(|u| u.rtt_region.is_some())
         || spec.window.start_after_ms.is_some_and(|t| t > now)
     {
         return None;
     }
-    let reference = spec
-        .users
-        .iter()
-        .max_by(|a, b| a.weight.total_cmp(&b.weight))?
-        .location;
-    let total: f64 = spec.users.iter().map(|u| u.weight).sum();
-    let spread: f64 = spec
-        .users
-        .iter()
-        .map(|u| u.weight * latency::distance_km(reference, u.location))
-        .sum::<f64>()
-        / total;
-    let per_km = 2.0 * latency::ROUTE_FACTOR / latency::FIBRE_KM_PER_MS;
-    let at = super::index::unit_vector(reference);
+    let mut w = weights(&policy);
+    if policy == Policy::Balanced && spec.kind != JobKind::Inference {
+        w.latency = 0.0;
+    }
+    let lexicographic_term = match policy {
+        Policy::Cost => Some(0),
+        Policy::Green => Some(2),
+        Policy::Latency => Some(3),
+        _ => None,
+    };
+    if lexicographic_term.is_none() && w.energy > 0.0 {
+        return None;
+    }
+    if lexicographic_term == Some(3) && spec.users.is_empty() {
+        return None;
+    }
+    let ws = [w.cost, w.energy, w.carbon, w.latency, w.data];
+    let used: Vec<usize> = match lexicographic_term {
+        Some(t) => vec![t],
+        None => [0usize, 2, 3]
+            .into_iter()
+            .filter(|t| ws[*t] > 0.0 && (*t != 3 || !spec.users.is_empty()))
+            .collect(),
+    };
+    if used.is_empty() {
+        return None;
+    }
     let duration_ms = spec.duration_s.unwrap_or(DEFAULT_DURATION_S) * 1000;
-    let no_egress = HashMap::new();
     let mut examined: Vec<&SiteId> = Vec::new();
     for tier in Tier::ALL {
         if tier == Tier::Cloud && req.waited_ms < spec.max_wait_s * 1000 {
             return None;
         }
-        let mut best: Option<f64> = None;
-        for (id, pool_name) in index.nearest(spec.resources.kind, tier, at) {
+        let mut best = [f64::NAN; 5];
+        let mut found = true;
+        for (term, list) in lists(view, spec, index, tier, &used, duration_ms) {
+            match best_of(view, req, now, list, term, duration_ms, &mut examined) {
+                Some(b) => best[term] = b,
+                None => found = false,
+            }
+        }
+        if !found {
+            continue;
+        }
+        if lexicographic_term.is_none() && used.len() > 1 {
+            threshold_search(
+                view,
+                req,
+                now,
+                index,
+                tier,
+                &used,
+                &ws,
+                &best,
+                duration_ms,
+                &mut examined,
+            );
+        }
+        examined.sort_unstable();
+        let listed = examined.len();
+        let mut d = place_over(
+            view,
+            req,
+            now,
+            examined.into_iter().filter_map(|id| view.sites.get(id)),
+        );
+        if !matches!(d.outcome, Outcome::Place(_)) {
+            return None;
+        }
+        d.pruned = vec![(
+            "not examined: their bounds show they cannot beat the chosen site".to_owned(),
+            view.sites.len().saturating_sub(listed),
+        )];
+        d.pruned.retain(|(_, n)| *n > 0);
+        return Some(d);
+    }
+    None
+}
+
+/// Fagin's threshold algorithm over the tier's lists for a weighted score; adds every site it scores to
+/// `examined`.
+#[allow(clippy::too_many_arguments)]
+fn threshold_search<'a>(
+    view: View<'a>,
+    req: Request<'a>,
+    now: Millis,
+    index: &'a SiteIndex,
+    tier: Tier,
+    used: &[usize],
+    ws: &[f64; 5],
+    best: &[f64; 5],
+    duration_ms: u64,
+    examined: &mut Vec<&'a SiteId>,
+) {
+    let score = |values: &[f64; 5], terms: &[usize]| -> f64 {
+        terms
+            .iter()
+            .map(|&i| ws[i] * ((values[i].max(0.0) + FLOORS[i]) / (best[i] + FLOORS[i]) - 1.0))
+            .sum()
+    };
+    let mut lists = lists(view, req.spec, index, tier, used, duration_ms);
+    let mut frontier = [0.0f64; 5];
+    let mut best_score = f64::INFINITY;
+    let mut seen: std::collections::BTreeSet<(&SiteId, &str)> = std::collections::BTreeSet::new();
+    loop {
+        let mut advanced = false;
+        for (term, list) in lists.iter_mut() {
+            let Some((lower, id, pool_name)) = list.next() else {
+                continue;
+            };
+            advanced = true;
+            frontier[*term] = lower;
+            if !seen.insert((id, pool_name)) {
+                continue;
+            }
             let Some(site) = view.sites.get(id) else {
                 continue;
             };
-            let lower = latency::BASE_RTT_MS
-                + per_km * (latency::distance_km(reference, site.info.location) - spread)
-                - 1e-6;
-            if best.is_some_and(|b| lower > b) {
-                break;
-            }
             let Some(pool) = site.pool(pool_name) else {
                 continue;
             };
             if !examined.contains(&id) {
                 examined.push(id);
             }
-            if site_reject(view, site, spec).is_some()
-                || pool_reject(pool, spec).is_some()
-                || req.refused.contains(id)
-            {
-                continue;
+            if let Some(t) = ready_terms(view, req, now, site, pool, duration_ms) {
+                best_score = best_score.min(score(&t.values(), used));
             }
-            let runtime = view.throughput.runtime_ms(duration_ms, &pool.model);
-            if spec.window.deadline_ms.is_some_and(|d| now + runtime > d)
-                || fit_now(pool, spec).is_none()
-            {
-                continue;
-            }
-            let t = terms(view, site, pool, spec, &no_egress, now, duration_ms);
-            best = Some(best.map_or(t.latency_ms, |b: f64| b.min(t.latency_ms)));
         }
-        if best.is_some() {
-            let listed = examined.len();
-            let mut d = place_over(
-                view,
-                req,
-                now,
-                examined.into_iter().filter_map(|id| view.sites.get(id)),
-            );
-            if !matches!(d.outcome, Outcome::Place(_)) {
-                return None;
-            }
-            d.pruned = vec![(
-                "not examined: farther than the best round trip found allows".to_owned(),
-                view.sites.len().saturating_sub(listed),
-            )];
-            d.pruned.retain(|(_, n)| *n > 0);
-            return Some(d);
+        if !advanced || best_score < score(&frontier, used) {
+            return;
         }
     }
-    None
 }
 
 fn place_over<'s>(

@@ -765,8 +765,9 @@ mod index_oracle {
             counts in proptest::collection::vec((1u32..9, 0u32..9, 0usize..3, 1u32..40, 0u32..700), 1..12),
             need in 1u32..6,
             share in proptest::option::of(1u32..1000),
-            policy in 0usize..4,
+            policy in 0usize..5,
             users in proptest::collection::vec((-60.0f64..60.0, -170.0f64..170.0, 0.1f64..5.0), 1..4),
+            inference in any::<bool>(),
         ) {
             let adverts: Vec<SiteAdvert> = counts.iter().enumerate().map(|(i, (n, busy, tier, price, carbon))| {
                 let mut b = site(&format!("s{i}"), Tier::ALL[*tier], (i as f64) * 5.0, (i as f64) * 7.0)
@@ -787,7 +788,11 @@ mod index_oracle {
                 spec.resources.count = 0;
                 spec.resources.milli = Some(m);
             }
-            spec.policy = Some([Policy::Latency, Policy::Cost, Policy::Green, Policy::Balanced][policy].clone());
+            let weighted = Policy::Weights(Weights { cost: 1.0, energy: 0.0, carbon: 2.0, latency: 0.5, data: 0.0 });
+            spec.policy = Some([Policy::Latency, Policy::Cost, Policy::Green, Policy::Balanced, weighted][policy].clone());
+            if inference {
+                spec.kind = JobKind::Inference;
+            }
             spec.users = users
                 .iter()
                 .map(|(lat, lon, w)| UserLocation { name: None, location: GeoPoint { lat: *lat, lon: *lon }, weight: *w, rtt_region: None })
