@@ -138,6 +138,7 @@ impl Bench {
                         milli,
                         memory_mib: None,
                         same_node: false,
+                        mig: None,
                     },
                     replicas: 1,
                     duration_s: Some(3600),

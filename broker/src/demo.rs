@@ -263,6 +263,7 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<bool> {
                 milli: Some(500),
                 memory_mib: None,
                 same_node: false,
+                mig: None,
             },
             3600,
             "echo serving on $MERIDIAN_SITE_ID; while true; do sleep 1; done".into(),
@@ -286,6 +287,7 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<bool> {
             milli: b.milli,
             memory_mib: None,
             same_node: false,
+            mig: None,
         };
         let mut s = spec(
             &b.name,

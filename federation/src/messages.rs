@@ -285,16 +285,42 @@ pub struct Resources {
     /// (`devices_per_node` consecutive device indices).
     #[serde(default)]
     pub same_node: bool,
+    /// A MIG-style slice of one device, by profile name `<slices>g.<memory>gb` (for example `1g.10gb`), from the
+    /// pool's `sharing.mig_profiles`; it takes `slices / 7` of the device. Instead of `count` and `milli`.
+    #[serde(default)]
+    pub mig: Option<String>,
 }
 
 impl Resources {
     /// Demand in milli-devices for one replica.
     pub fn milli_per_replica(&self) -> u64 {
+        if let Some(m) = self.mig.as_deref().and_then(mig_milli) {
+            return u64::from(m);
+        }
         match self.milli {
             Some(m) => u64::from(m),
             None => u64::from(self.count) * 1000,
         }
     }
+
+    /// The share of one device the job asks for, if it asks for a share (a milli-share or a MIG slice).
+    pub fn share(&self) -> Option<u32> {
+        self.mig.as_deref().and_then(mig_milli).or(self.milli)
+    }
+}
+
+/// Compute slices of a whole device in MIG-style partitioning (seven on A100/H100-class GPUs).
+pub const MIG_SLICES: u32 = 7;
+
+/// The milli-share of a MIG-style profile `<slices>g.<memory>gb`: `ceil(slices × 1000 / 7)`; `None` when the
+/// name is not of that form or asks for more than a device.
+pub fn mig_milli(profile: &str) -> Option<u32> {
+    let (slices, memory) = profile.split_once("g.")?;
+    let slices: u32 = slices.parse().ok()?;
+    memory.strip_suffix("gb")?.parse::<u32>().ok()?;
+    (1..=MIG_SLICES)
+        .contains(&slices)
+        .then(|| (slices * 1000).div_ceil(MIG_SLICES))
 }
 
 /// Whether a dataset must be at the site or is only preferred there.

@@ -222,7 +222,21 @@ impl Validate for JobSpec {
             token("priority", p)?;
         }
         let r = &self.resources;
-        match r.milli {
+        if let Some(profile) = &r.mig {
+            if crate::messages::mig_milli(profile).is_none() {
+                return bad(
+                    "resources.mig",
+                    format!("{profile:?} is not a profile like 1g.10gb (1 to 7 slices)"),
+                );
+            }
+            if r.milli.is_some() || r.count > 1 {
+                return bad(
+                    "resources.mig",
+                    "a MIG slice is instead of `milli` and whole devices",
+                );
+            }
+        }
+        match r.milli.or(r.mig.as_ref().map(|_| 1)) {
             Some(m) => {
                 range_u64("resources.milli", m.into(), 1, 999)?;
                 if r.count > 1 {

@@ -259,6 +259,7 @@ price_usd_per_hour = 1.0
                     milli: None,
                     memory_mib: None,
                     same_node: false,
+                    mig: None,
                 },
                 replicas: 1,
                 duration_s: None,

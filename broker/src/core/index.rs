@@ -99,7 +99,7 @@ fn spare(site: &Site) -> Vec<(AcceleratorKind, u32, u32)> {
     let mut by_kind: BTreeMap<AcceleratorKind, (u32, u32)> = BTreeMap::new();
     for p in &site.pools {
         let whole = p.devices.iter().filter(|d| d.free_milli() == 1000).count() as u32;
-        let milli = if p.milli_sharing {
+        let milli = if p.milli_sharing || !p.mig_profiles.is_empty() {
             p.devices.iter().map(|d| d.free_milli()).max().unwrap_or(0)
         } else {
             0

@@ -144,6 +144,7 @@ fn probe_spec() -> meridian_federation::JobSpec {
             milli: None,
             memory_mib: None,
             same_node: false,
+            mig: None,
         },
         replicas: 1,
         duration_s: None,

@@ -39,6 +39,8 @@ pub struct Pool {
     pub power_watts: u32,
     pub price_micro_usd_per_hour: u64,
     pub milli_sharing: bool,
+    /// MIG-style profiles the devices can be sliced into.
+    pub mig_profiles: Vec<String>,
     /// Devices per node: consecutive indices `[k × n, (k + 1) × n)` share one interconnect domain.
     pub devices_per_node: u32,
     pub devices: Vec<Device>,
@@ -55,6 +57,7 @@ impl Pool {
             power_watts: p.measured_power_watts.unwrap_or(p.power_watts),
             price_micro_usd_per_hour: p.price_micro_usd_per_hour,
             milli_sharing: p.sharing.milli,
+            mig_profiles: p.sharing.mig_profiles.clone(),
             devices_per_node: p.devices_per_node.max(1),
             devices: p
                 .devices

@@ -167,6 +167,8 @@ pub enum Reject {
         needs: u64,
     },
     NoMilliSharing,
+    /// The pool does not offer this MIG-style profile.
+    NoMigProfile(String),
     /// The job wants one interconnect domain and a node of this pool is too small.
     NodeTooSmall {
         per_node: u32,
@@ -214,6 +216,7 @@ impl fmt::Display for Reject {
                 write!(f, "{has} healthy devices, needs {needs}")
             }
             Reject::NoMilliSharing => write!(f, "pool does not share devices"),
+            Reject::NoMigProfile(p) => write!(f, "no MIG profile {p}"),
             Reject::NodeTooSmall { per_node, needs } => {
                 write!(
                     f,
@@ -404,12 +407,12 @@ pub fn place(view: View<'_>, req: Request<'_>, now: Millis) -> Decision {
     }
     if let Some(index) = view.index {
         let r = &req.spec.resources;
-        let whole = if r.milli.is_some() {
+        let whole = if r.share().is_some() {
             0
         } else {
             r.count.saturating_mul(req.spec.replicas)
         };
-        let ids = index.candidates(r.kind, whole, r.milli);
+        let ids = index.candidates(r.kind, whole, r.share());
         let listed = ids.len();
         let mut d = place_over(
             view,
@@ -1062,10 +1065,14 @@ fn pool_reject(pool: &Pool, spec: &JobSpec) -> Option<Reject> {
             });
         }
     }
-    if r.milli.is_some() && !pool.milli_sharing {
-        return Some(Reject::NoMilliSharing);
+    match &r.mig {
+        Some(profile) if !pool.mig_profiles.iter().any(|p| p == profile) => {
+            return Some(Reject::NoMigProfile(profile.clone()));
+        }
+        None if r.milli.is_some() && !pool.milli_sharing => return Some(Reject::NoMilliSharing),
+        _ => {}
     }
-    let needs_devices = match r.milli {
+    let needs_devices = match r.share() {
         Some(_) => 1,
         None => u64::from(r.count) * u64::from(spec.replicas),
     };
@@ -1108,7 +1115,7 @@ pub fn fit_now(pool: &Pool, spec: &JobSpec) -> Option<Vec<DeviceShare>> {
 
 fn fit_devices(devices: &[super::model::Device], spec: &JobSpec) -> Option<Vec<DeviceShare>> {
     let r = &spec.resources;
-    match r.milli {
+    match r.share() {
         None => {
             let need = (r.count as usize) * (spec.replicas as usize);
             let devices: Vec<DeviceShare> = devices

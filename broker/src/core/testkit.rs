@@ -134,6 +134,7 @@ pub fn job(key: &str, gpus: u32) -> JobSpec {
             milli: None,
             memory_mib: None,
             same_node: false,
+            mig: None,
         },
         replicas: 1,
         duration_s: Some(3600),

@@ -245,6 +245,44 @@ fn deferrable_work_waits_for_a_cleaner_hour_only_while_the_deadline_holds() {
 }
 
 #[test]
+fn mig_slices_go_to_pools_that_offer_the_profile() {
+    let mut plain = site("plain", Tier::Owned, 0.0, 0.0)
+        .gpus("A100", 2, 1.0)
+        .build();
+    plain.pools[0].sharing.milli = false;
+    let mut sliced = site("sliced", Tier::Owned, 0.0, 0.0)
+        .gpus("A100", 2, 2.0)
+        .used(0, 700)
+        .build();
+    sliced.pools[0].sharing = Sharing {
+        milli: false,
+        mig_profiles: vec!["1g.10gb".into(), "3g.40gb".into()],
+    };
+    let mut spec = job("k", 0);
+    spec.policy = Some(Policy::Cost);
+    spec.resources.mig = Some("3g.40gb".into());
+    match choose(vec![plain.clone(), sliced.clone()], &spec, 0) {
+        // 3 of 7 slices = 429 milli: device 0 has 300 free, so device 1.
+        Outcome::Place(c) => {
+            assert_eq!(c.site.as_str(), "sliced");
+            assert_eq!(
+                c.devices,
+                vec![DeviceShare {
+                    index: 1,
+                    milli: 429
+                }]
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    spec.resources.mig = Some("2g.20gb".into());
+    assert!(matches!(
+        choose(vec![plain, sliced], &spec, 0),
+        Outcome::Wait(Wait::NoSiteFits { .. })
+    ));
+}
+
+#[test]
 fn a_same_node_gang_stays_in_one_interconnect_domain() {
     // Two nodes of 4: devices 0-3 and 4-7; node one has two free, node two three free.
     let mut a = site("s", Tier::Owned, 0.0, 0.0)

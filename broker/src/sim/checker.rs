@@ -77,7 +77,15 @@ pub fn check(fed: &SimFederation, jobs: &[SimJob], schedule: &[ScheduleEntry]) -
         if asked != given {
             bad(format!("given {given} milli, asked {asked}"));
         }
-        if e.devices.iter().any(|d| d.milli < 1000) && !pool.sharing.milli {
+        let mig_ok = spec
+            .resources
+            .mig
+            .as_ref()
+            .is_some_and(|m| pool.sharing.mig_profiles.contains(m));
+        if spec.resources.mig.is_some() && !mig_ok {
+            bad("MIG profile not offered by the pool".into());
+        }
+        if e.devices.iter().any(|d| d.milli < 1000) && !pool.sharing.milli && !mig_ok {
             bad("shares a device of a pool that does not share".into());
         }
         let c = &spec.constraints;
