@@ -40,6 +40,32 @@ fn choose(adverts: Vec<SiteAdvert>, spec: &JobSpec, waited_ms: u64) -> Outcome {
     .outcome
 }
 
+fn choose_indexed(adverts: Vec<SiteAdvert>, spec: &JobSpec, waited_ms: u64) -> Outcome {
+    let sites = sites(adverts);
+    let mut index = crate::core::index::SiteIndex::default();
+    for s in sites.values() {
+        index.update(s, &Default::default());
+    }
+    let (rtt, regions) = (RttTable::default(), regions());
+    place(
+        View {
+            sites: &sites,
+            rtt: &rtt,
+            regions: &regions,
+            throughput: &Default::default(),
+            index: Some(&index),
+        },
+        Request {
+            spec,
+            waited_ms,
+            refused: &[],
+            baseline: None,
+        },
+        0,
+    )
+    .outcome
+}
+
 fn chosen_site(o: &Outcome) -> &str {
     match o {
         Outcome::Place(c) => c.site.as_str(),
@@ -749,25 +775,41 @@ mod oracle {
             eu in any::<bool>(),
             model in proptest::option::of(0usize..2),
             waited in 0u64..2,
+            objective in 0usize..3,
+            user in (-60.0f64..60.0, -170.0f64..170.0),
+            indexed in any::<bool>(),
         ) {
             let mut spec = job("k", count);
-            spec.policy = Some(Policy::Cost);
+            spec.policy = Some([Policy::Cost, Policy::Green, Policy::Latency][objective].clone());
             spec.max_wait_s = 1;
             spec.constraints.price_cap_micro_usd_per_hour = cap.map(|c| c * 100_000);
             spec.constraints.residency = eu.then(|| "eu".to_string());
             spec.resources.models = model.map(|m| vec![["A100", "H100"][m].to_string()]).unwrap_or_default();
+            let user = GeoPoint { lat: user.0, lon: user.1 };
+            spec.users = vec![UserLocation { name: None, location: user, weight: 1.0, rtt_region: None }];
             let regions = regions();
-            // Brute force: every site that satisfies every constraint and has the devices free now.
-            let feasible: Vec<(Tier, u64, String)> = adverts.iter().filter_map(|a| {
+            // Brute force, written independently: every site that satisfies every constraint and has the devices
+            // free now, with the chosen objective: list price; grams of CO2 for `count` 400 W devices at PUE 1.2
+            // for one hour, rounded down; or great-circle distance to the user.
+            let feasible: Vec<(Tier, f64, String)> = adverts.iter().filter_map(|a| {
                 let p = &a.pools[0];
                 let free = p.devices.iter().filter(|d| d.used_milli == 0).count() as u32;
                 let ok = free >= count
                     && cap.is_none_or(|c| p.price_micro_usd_per_hour <= c * 100_000)
                     && (!eu || regions.contains("eu", a.site.location) == Some(true))
                     && spec.resources.models.iter().all(|m| *m == p.model);
-                ok.then(|| (a.site.tier, p.price_micro_usd_per_hour, a.site.id.to_string()))
+                let key = match objective {
+                    0 => p.price_micro_usd_per_hour as f64,
+                    1 => (400u128 * u128::from(count) * 1200 * u128::from(a.site.carbon.g_per_kwh) / 1_000_000_000) as f64,
+                    _ => {
+                        let (la1, lo1, la2, lo2) = (user.lat.to_radians(), user.lon.to_radians(), a.site.location.lat.to_radians(), a.site.location.lon.to_radians());
+                        let h = ((la2 - la1) / 2.0).sin().powi(2) + la1.cos() * la2.cos() * ((lo2 - lo1) / 2.0).sin().powi(2);
+                        2.0 * 6371.0 * h.sqrt().asin()
+                    }
+                };
+                ok.then(|| (a.site.tier, key, a.site.id.to_string()))
             }).collect();
-            let outcome = choose(adverts.clone(), &spec, waited * 1000);
+            let outcome = if indexed { choose_indexed(adverts.clone(), &spec, waited * 1000) } else { choose(adverts.clone(), &spec, waited * 1000) };
             let best_tier = feasible.iter().map(|f| f.0).min();
             match (&outcome, best_tier) {
                 (Outcome::Place(c), Some(t)) => {
@@ -777,8 +819,9 @@ mod oracle {
                     if t == Tier::Cloud {
                         prop_assert!(waited >= 1, "burst before max_wait");
                     }
-                    let best_price = feasible.iter().filter(|f| f.0 == t).map(|f| f.1).min();
-                    prop_assert_eq!(Some(me.map(|m| m.1).unwrap_or(0)), best_price);
+                    let best = feasible.iter().filter(|f| f.0 == t).map(|f| f.1).fold(f64::INFINITY, f64::min);
+                    let mine = me.map(|m| m.1).unwrap_or(f64::NAN);
+                    prop_assert!((mine - best).abs() <= 1e-6 * best.max(1.0), "chose {} at {} but {} exists", c.site, mine, best);
                     prop_assert_eq!(c.devices.len() as u32, count);
                 }
                 (Outcome::Wait(_), None) => {}
