@@ -153,7 +153,8 @@ fn sim_and_a_real_federation_choose_the_same_sites() {
     let simulated = &simulated["latency"];
 
     let trace = meridian_broker::sim::trace::parse_alibaba(&text).unwrap();
-    let jobs = meridian_broker::sim::trace_jobs(&trace.tasks, 3, 0, 600);
+    let regions = meridian_broker::sim::azure_regions().unwrap();
+    let jobs = meridian_broker::sim::trace_jobs(&trace.tasks, 3, 0, 600, &regions);
     let f = Fed::start(&federation);
     for j in &jobs {
         let mut spec = serde_json::to_value(&j.spec).unwrap();

@@ -13,8 +13,8 @@ use anyhow::Context;
 use engine::{Ranking, SimJob};
 use federation::SimFederation;
 use meridian_federation::{
-    AcceleratorKind, Constraints, JobKind, JobSpec, Policy, Resources, RunSpec, SiteId, TenantId,
-    UserLocation, WIRE_VERSION,
+    AcceleratorKind, Constraints, GeoPoint, JobKind, JobSpec, Policy, Resources, RunSpec, SiteId,
+    TenantId, UserLocation, WIRE_VERSION,
 };
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -71,7 +71,12 @@ pub struct SimReport {
 
 /// The job spec a trace task becomes: its GPUs (or share), its duration on the reference model, and its
 /// submitter's city as the user location.
-pub fn trace_job_spec(t: &TraceTask, origin: usize, max_wait_s: u64) -> JobSpec {
+pub fn trace_job_spec(
+    t: &TraceTask,
+    origin: usize,
+    max_wait_s: u64,
+    rtt_region: Option<String>,
+) -> JobSpec {
     let (name, location) = city(origin);
     JobSpec {
         v: WIRE_VERSION,
@@ -114,7 +119,7 @@ pub fn trace_job_spec(t: &TraceTask, origin: usize, max_wait_s: u64) -> JobSpec 
             name: Some(name.to_owned()),
             location,
             weight: 1.0,
-            rtt_region: None,
+            rtt_region,
         }],
         datasets: vec![],
         policy: None,
@@ -126,18 +131,68 @@ pub fn trace_job_spec(t: &TraceTask, origin: usize, max_wait_s: u64) -> JobSpec 
 }
 
 /// The jobs of a trace: each task with a submitter city drawn (seeded) from [`CITIES`] by weight.
-pub fn trace_jobs(tasks: &[TraceTask], seed: u64, start_ms: u64, max_wait_s: u64) -> Vec<SimJob> {
+pub fn trace_jobs(
+    tasks: &[TraceTask],
+    seed: u64,
+    start_ms: u64,
+    max_wait_s: u64,
+    regions: &[(String, GeoPoint)],
+) -> Vec<SimJob> {
     let mut rng = SplitMix64::new(seed);
     let weights: Vec<f64> = CITIES.iter().map(|c| c.1).collect();
     tasks
         .iter()
-        .map(|t| SimJob {
-            spec: trace_job_spec(t, rng.weighted(&weights), max_wait_s),
+        .map(|t| {
+            let origin = rng.weighted(&weights);
+            (t, origin, nearest_region(regions, city(origin).1))
+        })
+        .map(|(t, origin, region)| SimJob {
+            spec: trace_job_spec(t, origin, max_wait_s, region),
             arrival_ms: start_ms + t.arrival_s * 1000,
             reference_ms: t.duration_s * 1000,
             fixed_runtime: false,
         })
         .collect()
+}
+
+/// Farthest a user may be from an Azure region to be mapped to it for the measured round-trip table, km.
+pub const REGION_MAP_KM: f64 = 300.0;
+
+/// Azure regions and their coordinates (`cloud-region-coords`), to map user cities onto the measured
+/// round-trip table; empty where the data is absent (outside CI).
+pub fn azure_regions() -> anyhow::Result<Vec<(String, GeoPoint)>> {
+    let Some(path) = crate::data::data_file(std::path::Path::new(
+        "cloud-region-coords/cloud_region_coords.csv",
+    ))?
+    else {
+        return Ok(Vec::new());
+    };
+    let mut reader =
+        csv::Reader::from_path(&path).with_context(|| format!("reading {}", path.display()))?;
+    let mut out = Vec::new();
+    for row in reader.records() {
+        let row = row.with_context(|| format!("reading {}", path.display()))?;
+        if row.get(0) != Some("azure") {
+            continue;
+        }
+        let (Some(id), Some(lat), Some(lon)) = (row.get(1), row.get(4), row.get(5)) else {
+            continue;
+        };
+        if let (Ok(lat), Ok(lon)) = (lat.parse(), lon.parse()) {
+            out.push((id.to_owned(), GeoPoint { lat, lon }));
+        }
+    }
+    Ok(out)
+}
+
+/// The nearest region within [`REGION_MAP_KM`] of `p`.
+pub fn nearest_region(regions: &[(String, GeoPoint)], p: GeoPoint) -> Option<String> {
+    regions
+        .iter()
+        .map(|(id, at)| (crate::core::latency::distance_km(p, *at), id))
+        .filter(|(d, _)| *d <= REGION_MAP_KM)
+        .min_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, id)| id.clone())
 }
 
 /// Trace model names carry memory (`V100M16`); the federation names models alone (`V100`).
@@ -184,7 +239,12 @@ struct Inference {
     origins: Vec<usize>,
 }
 
-fn plan_inference(fed: &SimFederation, requests: &[u64], opts: &SimOptions) -> Inference {
+fn plan_inference(
+    fed: &SimFederation,
+    requests: &[u64],
+    opts: &SimOptions,
+    regions: &[(String, GeoPoint)],
+) -> Inference {
     let mut rng = SplitMix64::new(opts.seed ^ 0x1f1f);
     let weights: Vec<f64> = CITIES.iter().map(|c| c.1).collect();
     let origins: Vec<usize> = requests.iter().map(|_| rng.weighted(&weights)).collect();
@@ -201,7 +261,7 @@ fn plan_inference(fed: &SimFederation, requests: &[u64], opts: &SimOptions) -> I
         .map(|(i, (name, w, _, _))| Population {
             name: (*name).to_owned(),
             location: city(i).1,
-            rtt_region: None,
+            rtt_region: nearest_region(regions, city(i).1),
             demand_rps: peak_rps * w / total,
         })
         .collect();
@@ -233,7 +293,7 @@ fn plan_inference(fed: &SimFederation, requests: &[u64], opts: &SimOptions) -> I
                 name: Some(pops[i].name.clone()),
                 location: pops[i].location,
                 weight: pops[i].demand_rps.max(1e-6),
-                rtt_region: None,
+                rtt_region: pops[i].rtt_region.clone(),
             })
             .collect();
         for r in 0..*count {
@@ -323,7 +383,8 @@ pub fn simulate(opts: &SimOptions) -> anyhow::Result<Simulated> {
         .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?,
         None => Vec::new(),
     };
-    let inference = (!requests.is_empty()).then(|| plan_inference(&fed, &requests, opts));
+    let regions = azure_regions()?;
+    let inference = (!requests.is_empty()).then(|| plan_inference(&fed, &requests, opts, &regions));
     let mut jobs: Vec<SimJob> = inference
         .as_ref()
         .map(|i| i.replicas.clone())
@@ -334,6 +395,7 @@ pub fn simulate(opts: &SimOptions) -> anyhow::Result<Simulated> {
         opts.seed,
         opts.start_ms,
         opts.max_wait_s,
+        &regions,
     ));
     let mut runs = Vec::new();
     let mut schedules = Vec::new();
