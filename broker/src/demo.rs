@@ -319,13 +319,8 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<bool> {
     let mut rows = Vec::new();
     for v in &views {
         let explain = client.explain(&v.job).await?;
-        let able = explain
-            .candidates
-            .iter()
-            .filter(|c| {
-                c.terms.is_some() && c.rejected.as_deref().is_none_or(|r| !r.starts_with("busy"))
-            })
-            .count();
+        let scored = explain.candidates.iter().filter(|c| c.terms.is_some()).count();
+        let ruled_out: usize = explain.pruned.iter().map(|p| p.sites).sum();
         let why = match &v.site {
             Some(site) => {
                 let tier = explain
@@ -335,7 +330,7 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<bool> {
                     .map(|c| c.tier.as_str())
                     .unwrap_or("-");
                 format!(
-                    "{site} ({tier}): best {} score of {able} able to run it",
+                    "{site} ({tier}): best by {}; {scored} scored, {ruled_out} ruled out by bounds",
                     explain.policy
                 )
             }
@@ -458,6 +453,8 @@ fn print_table(s: &Summary) {
     println!(
         "\nEST columns are placement estimates for each job's full trace duration (inference: one hour).\n\
          RUN s is the metered wall-clock run; METERED $ is metered cost × the compression factor {:.0}.\n\
+         The jobs are `sleep`s, which run no faster on faster GPUs, while estimates scale run time by the\n\
+         throughput table (configs/throughput.toml): on H100 sites metered figures exceed estimates by that factor.\n\
          Metered for the compressed runs themselves: {:.1} Wh and {:.1} gCO2e. Inference services were cancelled at the end.",
         s.compression_factor, s.total_metered_kwh * 1000.0 / s.compression_factor, s.total_metered_kg_co2e * 1000.0 / s.compression_factor
     );
