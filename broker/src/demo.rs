@@ -319,7 +319,11 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<bool> {
     let mut rows = Vec::new();
     for v in &views {
         let explain = client.explain(&v.job).await?;
-        let scored = explain.candidates.iter().filter(|c| c.terms.is_some()).count();
+        let scored = explain
+            .candidates
+            .iter()
+            .filter(|c| c.terms.is_some())
+            .count();
         let ruled_out: usize = explain.pruned.iter().map(|p| p.sites).sum();
         let why = match &v.site {
             Some(site) => {
