@@ -292,6 +292,28 @@ pub struct Resources {
 }
 
 impl Resources {
+    /// `count` whole devices of `kind`, any model.
+    pub fn whole(kind: AcceleratorKind, count: u32) -> Self {
+        Resources {
+            kind,
+            models: vec![],
+            count,
+            milli: None,
+            memory_mib: None,
+            same_node: false,
+            mig: None,
+        }
+    }
+
+    /// A share of one device of `kind`, in milli-units.
+    pub fn shared(kind: AcceleratorKind, milli: u32) -> Self {
+        Resources {
+            milli: Some(milli),
+            count: 0,
+            ..Resources::whole(kind, 0)
+        }
+    }
+
     /// Demand in milli-devices for one replica.
     pub fn milli_per_replica(&self) -> u64 {
         if let Some(m) = self.mig.as_deref().and_then(mig_milli) {
@@ -485,6 +507,40 @@ pub struct JobSpec {
 }
 
 impl JobSpec {
+    /// A spec with these essentials and every other field at its default: one replica, no expected duration,
+    /// burst at once, no constraints, users, datasets or policy.
+    pub fn new(
+        tenant: TenantId,
+        idempotency_key: impl Into<String>,
+        kind: JobKind,
+        resources: Resources,
+        command: impl Into<String>,
+    ) -> Self {
+        JobSpec {
+            v: crate::WIRE_VERSION,
+            tenant,
+            idempotency_key: idempotency_key.into(),
+            name: None,
+            kind,
+            queue: None,
+            priority: None,
+            resources,
+            replicas: 1,
+            duration_s: None,
+            max_wait_s: 0,
+            window: Window::default(),
+            checkpointable: false,
+            constraints: Constraints::default(),
+            users: vec![],
+            datasets: vec![],
+            policy: None,
+            run: RunSpec {
+                command: command.into(),
+                ..RunSpec::default()
+            },
+        }
+    }
+
     /// Total demand in milli-devices over all replicas.
     pub fn total_milli(&self) -> u64 {
         self.resources.milli_per_replica() * u64::from(self.replicas)

@@ -128,35 +128,15 @@ pub fn plan_replicas(
 }
 
 fn probe_spec() -> meridian_federation::JobSpec {
-    meridian_federation::JobSpec {
-        v: meridian_federation::WIRE_VERSION,
-        tenant: meridian_federation::TenantId::new("planner")
-            .unwrap_or_else(|_| unreachable!("literal id")),
-        idempotency_key: "probe".into(),
-        name: None,
-        kind: meridian_federation::JobKind::Inference,
-        queue: None,
-        priority: None,
-        resources: meridian_federation::Resources {
-            kind: meridian_federation::AcceleratorKind::Gpu,
-            models: vec![],
-            count: 1,
-            milli: None,
-            memory_mib: None,
-            same_node: false,
-            mig: None,
-        },
-        replicas: 1,
-        duration_s: None,
-        max_wait_s: 0,
-        window: Default::default(),
-        checkpointable: false,
-        constraints: Default::default(),
-        users: vec![],
-        datasets: vec![],
-        policy: None,
-        run: Default::default(),
-    }
+    use meridian_federation::{AcceleratorKind, JobKind, JobSpec, Resources, TenantId};
+    let tenant = TenantId::new("planner").unwrap_or_else(|_| unreachable!("literal id"));
+    JobSpec::new(
+        tenant,
+        "probe",
+        JobKind::Inference,
+        Resources::whole(AcceleratorKind::Gpu, 1),
+        "serve",
+    )
 }
 
 #[cfg(test)]

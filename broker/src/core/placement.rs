@@ -473,6 +473,24 @@ fn ready_terms(
     ))
 }
 
+/// Looks at one listed pool: records its site as examined and returns its terms if it can run the job now.
+fn examine<'a>(
+    view: View<'a>,
+    req: Request<'_>,
+    now: Millis,
+    id: &'a SiteId,
+    pool_name: &str,
+    duration_ms: u64,
+    examined: &mut Vec<&'a SiteId>,
+) -> Option<Terms> {
+    let site = view.sites.get(id)?;
+    let pool = site.pool(pool_name)?;
+    if !examined.contains(&id) {
+        examined.push(id);
+    }
+    ready_terms(view, req, now, site, pool, duration_ms)
+}
+
 /// One best-first list of pools with room: (lower bound of the term, site, pool), ascending by the bound.
 type List<'a> = Box<dyn Iterator<Item = (f64, &'a SiteId, &'a str)> + 'a>;
 
@@ -555,16 +573,7 @@ fn best_of<'a>(
         if best.is_some_and(|b| lower > b) {
             break;
         }
-        let Some(site) = view.sites.get(id) else {
-            continue;
-        };
-        let Some(pool) = site.pool(pool_name) else {
-            continue;
-        };
-        if !examined.contains(&id) {
-            examined.push(id);
-        }
-        if let Some(t) = ready_terms(view, req, now, site, pool, duration_ms) {
+        if let Some(t) = examine(view, req, now, id, pool_name, duration_ms, examined) {
             let v = t.values()[term];
             best = Some(best.map_or(v, |b| b.min(v)));
         }
@@ -714,16 +723,7 @@ fn threshold_search<'a>(
             if !seen.insert((id, pool_name)) {
                 continue;
             }
-            let Some(site) = view.sites.get(id) else {
-                continue;
-            };
-            let Some(pool) = site.pool(pool_name) else {
-                continue;
-            };
-            if !examined.contains(&id) {
-                examined.push(id);
-            }
-            if let Some(t) = ready_terms(view, req, now, site, pool, duration_ms) {
+            if let Some(t) = examine(view, req, now, id, pool_name, duration_ms, examined) {
                 best_score = best_score.min(score(&t.values(), used));
             }
         }

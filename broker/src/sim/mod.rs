@@ -297,42 +297,20 @@ fn plan_inference(
             })
             .collect();
         for r in 0..*count {
+            let mut spec = JobSpec::new(
+                TenantId::new("inference").unwrap_or_else(|_| unreachable!("literal id")),
+                format!("replica-{site}-{r}"),
+                JobKind::Inference,
+                Resources::whole(AcceleratorKind::Gpu, 1),
+                "serve",
+            );
+            spec.name = Some(format!("llm-{site}-{r}"));
+            spec.duration_s = Some(window_ms / 1000);
+            spec.constraints.sites = vec![site.clone()];
+            spec.users = users.clone();
+            spec.policy = Some(Policy::Latency);
             replicas.push(SimJob {
-                spec: JobSpec {
-                    v: WIRE_VERSION,
-                    tenant: TenantId::new("inference")
-                        .unwrap_or_else(|_| unreachable!("literal id")),
-                    idempotency_key: format!("replica-{site}-{r}"),
-                    name: Some(format!("llm-{site}-{r}")),
-                    kind: JobKind::Inference,
-                    queue: None,
-                    priority: None,
-                    resources: Resources {
-                        kind: AcceleratorKind::Gpu,
-                        models: vec![],
-                        count: 1,
-                        milli: None,
-                        memory_mib: None,
-                        same_node: false,
-                        mig: None,
-                    },
-                    replicas: 1,
-                    duration_s: Some(window_ms / 1000),
-                    max_wait_s: 0,
-                    window: Default::default(),
-                    checkpointable: false,
-                    constraints: Constraints {
-                        sites: vec![site.clone()],
-                        ..Constraints::default()
-                    },
-                    users: users.clone(),
-                    datasets: vec![],
-                    policy: Some(Policy::Latency),
-                    run: RunSpec {
-                        command: "serve".into(),
-                        ..RunSpec::default()
-                    },
-                },
+                spec,
                 arrival_ms: opts.start_ms,
                 reference_ms: window_ms,
                 fixed_runtime: true,
