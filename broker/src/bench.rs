@@ -144,6 +144,7 @@ impl Bench {
                     duration_s: Some(3600),
                     max_wait_s: 0,
                     window: Default::default(),
+                    service: None,
                     checkpointable: false,
                     constraints: Constraints::default(),
                     users: vec![UserLocation {

@@ -88,6 +88,24 @@ impl Client {
         self.call(api::LOGS, &job_ref(job)).await
     }
 
+    pub async fn scale_in(
+        &self,
+        tenant: &meridian_federation::TenantId,
+        service: &str,
+        remove: u32,
+    ) -> anyhow::Result<meridian_federation::ScaleInReply> {
+        self.call(
+            api::SCALE_IN,
+            &meridian_federation::ScaleInRequest {
+                v: WIRE_VERSION,
+                tenant: tenant.clone(),
+                service: service.to_owned(),
+                remove,
+            },
+        )
+        .await
+    }
+
     pub async fn sites(&self) -> anyhow::Result<Vec<meridian_federation::SiteView>> {
         self.call(api::LIST_SITES, &Empty { v: WIRE_VERSION }).await
     }

@@ -160,6 +160,7 @@ fn spec(
         duration_s: Some(duration_s),
         max_wait_s: 30,
         window: Default::default(),
+        service: None,
         checkpointable: false,
         constraints: Constraints::default(),
         users: vec![],

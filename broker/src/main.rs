@@ -59,6 +59,14 @@ enum Cmd {
         #[arg(long)]
         undo: bool,
     },
+    /// Stop replicas of a service: pending ones first, then cloud, partner and owned ones.
+    ScaleIn {
+        service: String,
+        /// How many replicas to stop.
+        remove: u32,
+        #[arg(long)]
+        tenant: meridian_federation::TenantId,
+    },
     /// Bring up a local federation (nats-server, broker, one agent per site) until Ctrl-C.
     Up {
         #[arg(default_value = "configs/federation-demo.toml")]
@@ -421,6 +429,18 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
                 Cmd::Logs { job } => {
                     let l = client.logs(&job).await?;
                     print(out, &l, |l| println!("{}", l.text))
+                }
+                Cmd::ScaleIn {
+                    service,
+                    remove,
+                    tenant,
+                } => {
+                    let r = client.scale_in(&tenant, &service, remove).await?;
+                    print(out, &r, |r| {
+                        for id in &r.stopping {
+                            println!("{id} stopping");
+                        }
+                    })
                 }
                 Cmd::Drain { site, undo } => {
                     let s = client.drain(&site, !undo).await?;

@@ -456,3 +456,54 @@ fn cancel_idempotency_and_drain() {
     let (_, jobs) = f.get("/v1/jobs");
     assert_eq!(jobs["ok"].as_array().unwrap().len(), 2);
 }
+
+/// Scale-in of a service stops its cloud replicas first, over the CLI and NATS, while owned ones keep running.
+#[test]
+fn scale_in_stops_cloud_replicas_first() {
+    let f = Fed::generated(
+        &[
+            SiteSpec {
+                id: "owned",
+                tier: "owned",
+                lat: 39.0,
+                lon: -77.4,
+                model: "A100",
+                count: 2,
+                price: 1.0,
+                carbon: 300,
+            },
+            SiteSpec {
+                id: "cloud",
+                tier: "cloud",
+                lat: 39.0,
+                lon: -77.4,
+                model: "A100",
+                count: 4,
+                price: 4.0,
+                carbon: 300,
+            },
+        ],
+        "",
+    );
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let mut spec = job(&format!("replica-{i}"), 1, "while true; do sleep 1; done");
+        spec["kind"] = json!("inference");
+        spec["service"] = json!("chat");
+        let id = f.submit(&spec);
+        f.wait_phase(&id, "running", LONG);
+        ids.push(id);
+    }
+    let sites: Vec<String> = ids.iter().map(|id| site_of(&f, id)).collect();
+    assert_eq!(sites, ["owned", "owned", "cloud"]);
+    let out = f.cli(&[
+        "--output", "json", "scale-in", "chat", "1", "--tenant", "e2e",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let reply: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(reply["stopping"], json!([ids[2]]));
+    f.wait_phase(&ids[2], "cancelled", LONG);
+    for id in &ids[..2] {
+        assert_eq!(f.job(id)["phase"], "running");
+    }
+}

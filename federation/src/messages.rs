@@ -492,6 +492,10 @@ pub struct JobSpec {
     /// When the job may start and by when it must finish.
     #[serde(default)]
     pub window: Window,
+    /// The service this job is a replica of (inference): replicas of one service of one tenant are scaled
+    /// together.
+    #[serde(default)]
+    pub service: Option<String>,
     /// The job can write checkpoints and resume from them.
     #[serde(default)]
     pub checkpointable: bool,
@@ -529,6 +533,7 @@ impl JobSpec {
             duration_s: None,
             max_wait_s: 0,
             window: Window::default(),
+            service: None,
             checkpointable: false,
             constraints: Constraints::default(),
             users: vec![],
@@ -683,6 +688,23 @@ pub struct LogsReply {
 
 // ---------------------------------------------------------------------------------------------------------------
 // The API (NATS request-reply and HTTP share these bodies)
+
+/// Stop `remove` replicas of a service: pending ones first, then cloud, partner and owned ones, the dearest
+/// first within a tier.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScaleInRequest {
+    #[serde(default = "v1")]
+    pub v: u32,
+    pub tenant: TenantId,
+    pub service: String,
+    pub remove: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScaleInReply {
+    /// Replicas being stopped, in the order chosen.
+    pub stopping: Vec<JobId>,
+}
 
 /// A request naming one job.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

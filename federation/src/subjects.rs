@@ -88,6 +88,8 @@ pub mod api {
     pub const LIST_SITES: &str = "meridian.v1.api.sites.list";
     /// [`crate::DrainRequest`] → [`crate::SiteView`].
     pub const DRAIN: &str = "meridian.v1.api.sites.drain";
+    /// [`crate::ScaleInRequest`] → [`crate::ScaleInReply`].
+    pub const SCALE_IN: &str = "meridian.v1.api.services.scale_in";
     /// All API subjects, for the broker's subscription.
     pub const ALL: &str = "meridian.v1.api.>";
 }

@@ -218,6 +218,9 @@ impl Validate for JobSpec {
         if let Some(q) = &self.queue {
             token("queue", q)?;
         }
+        if let Some(svc) = &self.service {
+            token("service", svc)?;
+        }
         if let Some(p) = &self.priority {
             token("priority", p)?;
         }
@@ -400,6 +403,15 @@ impl Validate for JobRef {
 
     fn validate(&self) -> R {
         Ok(())
+    }
+}
+
+impl Validate for ScaleInRequest {
+    versioned!(ScaleInRequest);
+
+    fn validate(&self) -> R {
+        token("service", &self.service)?;
+        range_u64("remove", self.remove.into(), 1, 100_000)
     }
 }
 

@@ -265,6 +265,7 @@ price_usd_per_hour = 1.0
                 duration_s: None,
                 max_wait_s: 0,
                 window: Default::default(),
+                service: None,
                 checkpointable: false,
                 constraints: Constraints::default(),
                 users: vec![],

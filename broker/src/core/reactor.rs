@@ -54,6 +54,12 @@ pub enum Event {
         site: SiteId,
         drain: bool,
     },
+    /// Stop `remove` replicas of a tenant's service (see [`Reactor::scale_in_order`]).
+    ScaleIn {
+        tenant: TenantId,
+        service: String,
+        remove: u32,
+    },
     /// Time passed: loss of sites, offer timeouts, burst timers.
     Tick,
 }
@@ -71,6 +77,7 @@ pub enum Response {
     Submitted(SubmitReply),
     Job(JobId),
     Site(SiteId),
+    Stopping(Vec<JobId>),
     Done,
 }
 
@@ -315,6 +322,24 @@ impl<J: Journal> Reactor<J> {
             Event::Tick => {
                 self.on_tick(now);
                 Response::Done
+            }
+            Event::ScaleIn {
+                tenant,
+                service,
+                remove,
+            } => {
+                let chosen: Vec<JobId> = self
+                    .scale_in_order(&tenant, &service)
+                    .into_iter()
+                    .take(remove as usize)
+                    .collect();
+                for id in &chosen {
+                    if let Some(job) = self.state.jobs.get_mut(id) {
+                        job.note(now, format!("stopped by scale-in of service {service}"));
+                    }
+                    self.on_cancel(now, id);
+                }
+                Response::Stopping(chosen)
             }
         }
     }
@@ -834,6 +859,51 @@ impl<J: Journal> Reactor<J> {
                 self.outbox.push(Command::Offer(offer));
             }
         }
+    }
+
+    /// The order in which a service's live replicas are stopped on scale-in: pending ones first, then those on
+    /// cloud sites, then partner, then owned ones (burst capacity is given back first); within a tier the
+    /// dearest per device-hour first, then the newest.
+    pub fn scale_in_order(&self, tenant: &TenantId, service: &str) -> Vec<JobId> {
+        let mut replicas: Vec<(u8, std::cmp::Reverse<u64>, std::cmp::Reverse<JobId>)> = self
+            .state
+            .active_jobs()
+            .filter(|j| {
+                &j.spec.tenant == tenant
+                    && j.spec.service.as_deref() == Some(service)
+                    && !j.cancel_requested
+            })
+            .map(|j| {
+                let (rank, price) = match (&j.phase, &j.assignment) {
+                    (JobPhase::Pending, _) => (0, 0),
+                    (_, Some(a)) => {
+                        let rank = match a.tier {
+                            meridian_federation::Tier::Cloud => 1,
+                            meridian_federation::Tier::Partner => 2,
+                            meridian_federation::Tier::Owned => 3,
+                        };
+                        let price = self
+                            .state
+                            .sites
+                            .get(&a.site)
+                            .and_then(|s| s.pool(&a.pool))
+                            .map_or(0, |p| p.price_micro_usd_per_hour);
+                        (rank, price)
+                    }
+                    _ => (4, 0),
+                };
+                (
+                    rank,
+                    std::cmp::Reverse(price),
+                    std::cmp::Reverse(j.id.clone()),
+                )
+            })
+            .collect();
+        replicas.sort();
+        replicas
+            .into_iter()
+            .map(|(_, _, std::cmp::Reverse(id))| id)
+            .collect()
     }
 
     /// Refiles a site in the index after a change to it.

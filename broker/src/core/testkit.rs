@@ -140,6 +140,7 @@ pub fn job(key: &str, gpus: u32) -> JobSpec {
         duration_s: Some(3600),
         max_wait_s: 0,
         window: Default::default(),
+        service: None,
         checkpointable: false,
         constraints: Constraints::default(),
         users: vec![],

@@ -633,6 +633,77 @@ fn cancel_pending_and_running_jobs() {
 }
 
 #[test]
+fn scale_in_gives_back_cloud_replicas_first() {
+    let mut env = TestEnv::new(vec![
+        site("owned", Tier::Owned, 0.0, 0.0)
+            .gpus("A100", 2, 1.0)
+            .build(),
+        site("cloud-cheap", Tier::Cloud, 0.0, 0.0)
+            .gpus("A100", 2, 3.0)
+            .build(),
+        site("cloud-dear", Tier::Cloud, 0.0, 0.0)
+            .gpus("A100", 2, 5.0)
+            .build(),
+    ]);
+    let mut ids = Vec::new();
+    for i in 0..7 {
+        let mut spec = job(&format!("r{i}"), 1);
+        spec.kind = JobKind::Inference;
+        spec.service = Some("chat".into());
+        spec.policy = Some(Policy::Cost);
+        ids.push(env.submit(spec));
+    }
+    for offer in env.take_offers() {
+        env.answer(&offer, OfferOutcome::Accepted);
+    }
+    // Two on the owned site, two on each cloud site, one pending.
+    let site_of = |env: &TestEnv, id: &JobId| {
+        env.reactor.state.jobs[id]
+            .assignment
+            .as_ref()
+            .map(|a| a.site.to_string())
+    };
+    assert_eq!(env.phase(&ids[6]), JobPhase::Pending);
+    let tenant = TenantId::new("team-a").unwrap();
+    let order: Vec<Option<String>> = env
+        .reactor
+        .scale_in_order(&tenant, "chat")
+        .iter()
+        .map(|id| site_of(&env, id))
+        .collect();
+    let expect = [
+        None,
+        Some("cloud-dear"),
+        Some("cloud-dear"),
+        Some("cloud-cheap"),
+        Some("cloud-cheap"),
+        Some("owned"),
+        Some("owned"),
+    ];
+    assert_eq!(order, expect.map(|s| s.map(str::to_owned)));
+    match env.step(Event::ScaleIn {
+        tenant,
+        service: "chat".into(),
+        remove: 3,
+    }) {
+        Response::Stopping(stopped) => {
+            assert_eq!(stopped.len(), 3);
+            assert_eq!(env.phase(&stopped[0]), JobPhase::Cancelled);
+            assert!(stopped[1..]
+                .iter()
+                .all(|id| env.phase(id) == JobPhase::Cancelling));
+        }
+        other => panic!("{other:?}"),
+    }
+    let cancels = env
+        .sent
+        .iter()
+        .filter(|c| matches!(c, Command::Cancel { site, .. } if site.as_str() == "cloud-dear"))
+        .count();
+    assert_eq!(cancels, 2);
+}
+
+#[test]
 fn resubmission_with_the_same_key_returns_the_first_job() {
     let mut env = TestEnv::new(trio());
     let first = env.submit(job("same", 1));

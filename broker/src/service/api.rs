@@ -24,6 +24,7 @@ pub enum Call {
     Logs(String, u32),
     ListSites,
     Drain(String, bool),
+    ScaleIn(Bytes),
 }
 
 /// The HTTP status and JSON body of a reply.
@@ -138,6 +139,28 @@ pub async fn call(h: &BrokerHandle, c: Call) -> Reply {
             Some(Answer::Sites(v)) => ok(200, v),
             _ => unavailable(),
         },
+        Call::ScaleIn(body) => {
+            let r = match decode::<meridian_federation::ScaleInRequest>(&body) {
+                Ok(r) => r,
+                Err(e) => return wire(e),
+            };
+            let event = Event::ScaleIn {
+                tenant: r.tenant,
+                service: r.service,
+                remove: r.remove,
+            };
+            match h.step(event).await {
+                Ok(Response::Stopping(stopping)) => {
+                    ok(200, meridian_federation::ScaleInReply { stopping })
+                }
+                Ok(other) => error(ErrorBody::new(
+                    ErrorCode::Internal,
+                    None,
+                    format!("unexpected {other:?}"),
+                )),
+                Err(e) => step_error(e),
+            }
+        }
         Call::Drain(site, drain) => {
             let site = match SiteId::new(site) {
                 Ok(s) => s,
@@ -237,6 +260,7 @@ fn nats_call(subject: &str, payload: Bytes) -> Result<Call, Reply> {
             empty(&payload)?;
             Call::ListSites
         }
+        api::SCALE_IN => Call::ScaleIn(payload),
         api::DRAIN => {
             let d = decode::<DrainRequest>(&payload).map_err(wire)?;
             Call::Drain(d.site.to_string(), d.drain)

@@ -18,6 +18,7 @@ pub fn router(h: BrokerHandle) -> Router {
         .route("/v1/jobs/{id}/logs", get(logs))
         .route("/v1/sites", get(list_sites))
         .route("/v1/sites/{id}/drain", post(drain))
+        .route("/v1/services/scale-in", post(scale_in))
         .layer(DefaultBodyLimit::max(
             meridian_federation::MAX_MESSAGE_BYTES + 1,
         ))
@@ -60,6 +61,10 @@ async fn logs(
     Query(q): Query<LinesParam>,
 ) -> Response {
     respond(call(&h, Call::Logs(id, q.lines.unwrap_or(100))).await)
+}
+
+async fn scale_in(State(h): State<BrokerHandle>, body: Bytes) -> Response {
+    respond(call(&h, Call::ScaleIn(body)).await)
 }
 
 async fn list_sites(State(h): State<BrokerHandle>) -> Response {

@@ -113,6 +113,7 @@ pub fn trace_job_spec(
         duration_s: Some(t.duration_s),
         max_wait_s,
         window: Default::default(),
+        service: None,
         checkpointable: false,
         constraints: Constraints::default(),
         users: vec![UserLocation {
