@@ -12,7 +12,8 @@
 //! - **energy**: power × device-hours × PUE (Wh); **carbon**: energy × mean grid intensity over the expected
 //!   run, from the site's advertised forecast where it has one (gCO2e);
 //! - **latency**: weighted mean round trip from the job's user populations (see [`super::latency`]);
-//! - **data**: bytes of `prefer` datasets that would have to move to the site.
+//! - **data**: bytes of `prefer` datasets that would have to move to the site — the transfer time at a given
+//!   link speed, in proportion; the money of the move is in the cost term.
 //!
 //! ## Normalisation
 //! Each term `t` of a candidate is compared with the best value `b` of that term among the candidates that
