@@ -123,43 +123,27 @@ impl Bench {
                     _ => (0, Some(250)),
                 };
                 let (name, location) = city(rng.weighted(&CITIES.map(|c| c.1)));
-                JobSpec {
-                    v: WIRE_VERSION,
-                    tenant: TenantId::new("bench").unwrap_or_else(|_| unreachable!("valid id")),
-                    idempotency_key: format!("b{i}"),
-                    name: None,
-                    kind: JobKind::Training,
-                    queue: None,
-                    priority: None,
-                    resources: Resources {
-                        kind: AcceleratorKind::Gpu,
-                        models: vec![],
-                        count,
-                        milli,
-                        memory_mib: None,
-                        same_node: false,
-                        mig: None,
-                    },
-                    replicas: 1,
-                    duration_s: Some(3600),
-                    max_wait_s: 0,
-                    window: Default::default(),
-                    service: None,
-                    checkpointable: false,
-                    constraints: Constraints::default(),
-                    users: vec![UserLocation {
-                        name: Some(name.into()),
-                        location,
-                        weight: 1.0,
-                        rtt_region: None,
-                    }],
-                    datasets: vec![],
-                    policy: Some(policies[i % 4].clone()),
-                    run: RunSpec {
-                        command: "true".into(),
-                        ..RunSpec::default()
-                    },
-                }
+                let tenant = TenantId::new("bench").unwrap_or_else(|_| unreachable!("valid id"));
+                let resources = match milli {
+                    Some(m) => Resources::shared(AcceleratorKind::Gpu, m),
+                    None => Resources::whole(AcceleratorKind::Gpu, count),
+                };
+                let mut spec = JobSpec::new(
+                    tenant,
+                    format!("b{i}"),
+                    JobKind::Training,
+                    resources,
+                    "true",
+                );
+                spec.duration_s = Some(3600);
+                spec.users = vec![UserLocation {
+                    name: Some(name.into()),
+                    location,
+                    weight: 1.0,
+                    rtt_region: None,
+                }];
+                spec.policy = Some(policies[i % 4].clone());
+                spec
             })
             .collect();
         Bench {

@@ -7,8 +7,8 @@ use crate::data;
 use crate::local::{LocalFederation, LocalOptions};
 use anyhow::Context;
 use meridian_federation::{
-    AcceleratorKind, Constraints, GeoPoint, JobId, JobKind, JobPhase, JobSpec, JobView, Policy,
-    Resources, RunSpec, TenantId, UserLocation, WIRE_VERSION,
+    AcceleratorKind, GeoPoint, JobId, JobKind, JobPhase, JobSpec, JobView, Policy, Resources,
+    TenantId, UserLocation,
 };
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -147,30 +147,12 @@ fn spec(
     duration_s: u64,
     command: String,
 ) -> JobSpec {
-    JobSpec {
-        v: WIRE_VERSION,
-        tenant: TenantId::new("demo").unwrap_or_else(|_| unreachable!("valid literal id")),
-        idempotency_key: format!("demo-{name}"),
-        name: Some(name.to_owned()),
-        kind,
-        queue: None,
-        priority: None,
-        resources,
-        replicas: 1,
-        duration_s: Some(duration_s),
-        max_wait_s: 30,
-        window: Default::default(),
-        service: None,
-        checkpointable: false,
-        constraints: Constraints::default(),
-        users: vec![],
-        datasets: vec![],
-        policy: None,
-        run: RunSpec {
-            command,
-            ..RunSpec::default()
-        },
-    }
+    let tenant = TenantId::new("demo").unwrap_or_else(|_| unreachable!("valid literal id"));
+    let mut s = JobSpec::new(tenant, format!("demo-{name}"), kind, resources, command);
+    s.name = Some(name.to_owned());
+    s.duration_s = Some(duration_s);
+    s.max_wait_s = 30;
+    s
 }
 
 pub async fn run(opts: DemoOptions) -> anyhow::Result<bool> {

@@ -119,38 +119,18 @@ impl SiteBuilder {
 }
 
 pub fn job(key: &str, gpus: u32) -> JobSpec {
-    JobSpec {
-        v: 1,
-        tenant: TenantId::new("team-a").unwrap_or_else(|e| panic!("{e}")),
-        idempotency_key: key.into(),
-        name: Some(key.into()),
-        kind: JobKind::Training,
-        queue: None,
-        priority: None,
-        resources: Resources {
-            kind: AcceleratorKind::Gpu,
-            models: vec![],
-            count: gpus,
-            milli: None,
-            memory_mib: None,
-            same_node: false,
-            mig: None,
-        },
-        replicas: 1,
-        duration_s: Some(3600),
-        max_wait_s: 0,
-        window: Default::default(),
-        service: None,
-        checkpointable: false,
-        constraints: Constraints::default(),
-        users: vec![],
-        datasets: vec![],
-        policy: Some(Policy::Balanced),
-        run: RunSpec {
-            command: "true".into(),
-            ..RunSpec::default()
-        },
-    }
+    let tenant = TenantId::new("team-a").unwrap_or_else(|e| panic!("{e}"));
+    let mut spec = JobSpec::new(
+        tenant,
+        key,
+        JobKind::Training,
+        Resources::whole(AcceleratorKind::Gpu, gpus),
+        "true",
+    );
+    spec.name = Some(key.into());
+    spec.duration_s = Some(3600);
+    spec.policy = Some(Policy::Balanced);
+    spec
 }
 
 /// A reactor driven by hand, with the clock under the test's control and invariants checked after each step.
