@@ -209,6 +209,28 @@ fn read_ports_file(dir: &Path) -> Option<String> {
     None
 }
 
+/// Starts `meridian broker` with `args`, its output appended to `dir/broker.log`.
+fn spawn_broker(
+    program: &Path,
+    args: &[std::ffi::OsString],
+    dir: &Path,
+) -> anyhow::Result<Managed> {
+    let addr_file = dir.join("broker.addr");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("broker.log"))?;
+    Managed::spawn(
+        "broker",
+        Command::new(program)
+            .args(args)
+            .arg("--http-addr-file")
+            .arg(&addr_file)
+            .stdout(Stdio::from(log.try_clone()?))
+            .stderr(Stdio::from(log)),
+    )
+}
+
 /// A federation file: the broker's settings and the sites to run. Paths are relative to the file.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -281,6 +303,8 @@ pub struct LocalFederation {
     _tmp: Option<tempfile::TempDir>,
     agent_bin: PathBuf,
     heartbeat_ms: u64,
+    /// The broker's program and arguments, to start it again.
+    broker_cmd: (PathBuf, Vec<std::ffi::OsString>),
 }
 
 impl LocalFederation {
@@ -304,35 +328,29 @@ impl LocalFederation {
             .map(Ok)
             .unwrap_or_else(|| sibling_binary("meridian"))?;
         let agent_bin = sibling_binary("meridian-agent")?;
-        let addr_file = dir.join("broker.addr");
-        let mut cmd = Command::new(&meridian);
-        cmd.arg("broker")
-            .args(["--nats", &nats.url, "--http", "127.0.0.1:0"])
-            .arg("--http-addr-file")
-            .arg(&addr_file);
+        let mut args: Vec<std::ffi::OsString> =
+            vec!["broker".into(), "--nats".into(), nats.url.clone().into()];
+        args.extend(["--http".into(), "127.0.0.1:0".into()]);
         for (name, path) in &fed.broker.regions {
-            cmd.arg("--region")
-                .arg(format!("{name}={}", base.join(path).display()));
+            args.push("--region".into());
+            args.push(format!("{name}={}", base.join(path).display()).into());
         }
         if let Some(rtt) = &fed.broker.rtt_table {
             if let Some(p) = crate::data::data_file(rtt)? {
-                cmd.arg("--rtt-table").arg(p);
+                args.extend(["--rtt-table".into(), p.into_os_string()]);
             }
         }
         if let Some(t) = &fed.broker.throughput {
-            cmd.arg("--throughput").arg(base.join(t));
+            args.extend(["--throughput".into(), base.join(t).into_os_string()]);
         }
         if let Some(ms) = fed.broker.site_lost_after_ms {
-            cmd.args(["--site-lost-after-ms", &ms.to_string()]);
+            args.extend(["--site-lost-after-ms".into(), ms.to_string().into()]);
         }
         if let Some(ms) = fed.broker.offer_timeout_ms {
-            cmd.args(["--offer-timeout-ms", &ms.to_string()]);
+            args.extend(["--offer-timeout-ms".into(), ms.to_string().into()]);
         }
-        cmd.args(&opts.broker_args);
-        let log = std::fs::File::create(dir.join("broker.log"))?;
-        cmd.stdout(Stdio::from(log.try_clone()?))
-            .stderr(Stdio::from(log));
-        let broker = Managed::spawn("broker", &mut cmd)?;
+        args.extend(opts.broker_args.iter().map(Into::into));
+        let broker = spawn_broker(&meridian, &args, &dir)?;
         let mut this = LocalFederation {
             nats,
             broker,
@@ -342,18 +360,9 @@ impl LocalFederation {
             _tmp: tmp,
             agent_bin,
             heartbeat_ms: opts.heartbeat_ms,
+            broker_cmd: (meridian, args),
         };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !addr_file.exists() {
-            if Instant::now() > deadline || !this.broker.alive() {
-                bail!(
-                    "the broker did not start; see {}",
-                    dir.join("broker.log").display()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        this.http = format!("http://{}", std::fs::read_to_string(&addr_file)?.trim());
+        this.http = this.wait_for_broker()?;
         for site in &fed.sites {
             let path = base.join(site);
             let text = std::fs::read_to_string(&path)
@@ -385,6 +394,35 @@ impl LocalFederation {
                 .stdout(Stdio::from(log.try_clone()?))
                 .stderr(Stdio::from(log)),
         )
+    }
+
+    /// Waits for the broker's HTTP API address file; returns the API's URL.
+    fn wait_for_broker(&mut self) -> anyhow::Result<String> {
+        let addr_file = self.dir.join("broker.addr");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !addr_file.exists() {
+            if Instant::now() > deadline || !self.broker.alive() {
+                bail!(
+                    "the broker did not start; see {}",
+                    self.dir.join("broker.log").display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(format!(
+            "http://{}",
+            std::fs::read_to_string(&addr_file)?.trim()
+        ))
+    }
+
+    /// Kills the broker with SIGKILL, as a crash would, and starts it again with the same settings; it recovers
+    /// its state from the journal.
+    pub fn restart_broker(&mut self) -> anyhow::Result<()> {
+        self.broker.kill9();
+        let _ = std::fs::remove_file(self.dir.join("broker.addr"));
+        self.broker = spawn_broker(&self.broker_cmd.0, &self.broker_cmd.1, &self.dir)?;
+        self.http = self.wait_for_broker()?;
+        Ok(())
     }
 
     /// Kills an agent with SIGKILL, as a crash would.

@@ -507,3 +507,57 @@ fn scale_in_stops_cloud_replicas_first() {
         assert_eq!(f.job(id)["phase"], "running");
     }
 }
+
+/// kill -9 of the broker: after a restart it replays its journal from JetStream, and every job is where it
+/// was — finished jobs finished, the running one still tracked (and not run again), the waiting one still
+/// waiting — and the run completes.
+#[test]
+fn a_restarted_broker_loses_nothing() {
+    let mut f = Fed::generated(
+        &[SiteSpec {
+            id: "only",
+            tier: "owned",
+            lat: 39.0,
+            lon: -77.4,
+            model: "A100",
+            count: 2,
+            price: 1.0,
+            carbon: 300,
+        }],
+        "",
+    );
+    let witness = f.scratch.path().join("witness");
+    let run = |name: &str, gpus: u32, seconds: u32| {
+        let cmd = format!(
+            "echo \"$MERIDIAN_JOB_ID $MERIDIAN_ATTEMPT\" >> {}; sleep {seconds}",
+            witness.display()
+        );
+        job(name, gpus, &cmd)
+    };
+    let done = f.submit(&run("done", 1, 0));
+    f.wait_phase(&done, "succeeded", LONG);
+    let running = f.submit(&run("running", 1, 6));
+    f.wait_phase(&running, "running", LONG);
+    let waiting = f.submit(&run("waiting", 2, 0));
+    assert_eq!(f.job(&waiting)["phase"], "pending");
+
+    f.fed.restart_broker().expect("broker restarts");
+    assert_eq!(f.job(&done)["phase"], "succeeded");
+    assert_eq!(f.job(&running)["phase"], "running");
+    assert_eq!(f.job(&running)["attempt"], 1);
+    assert_eq!(f.job(&waiting)["phase"], "pending");
+
+    f.wait_phase(&running, "succeeded", LONG);
+    f.wait_phase(&waiting, "succeeded", LONG);
+    let w = std::fs::read_to_string(&witness).unwrap();
+    assert_eq!(
+        w.lines()
+            .filter(|l| l.starts_with(&format!("{running} ")))
+            .count(),
+        1,
+        "ran twice:\n{w}"
+    );
+    assert_eq!(f.job(&running)["attempt"], 1);
+    let log = std::fs::read_to_string(f.fed.dir.join("broker.log")).unwrap();
+    assert!(log.contains("recovered 3 jobs"), "{log}");
+}

@@ -67,6 +67,10 @@ pub fn parse_site(subject: &str) -> Option<(SiteId, SiteTopic)> {
     Some((SiteId::new(id).ok()?, topic))
 }
 
+/// The broker's journal: a JetStream stream of this name, on this subject, holds every durable broker event.
+pub const JOURNAL_STREAM: &str = "MERIDIAN_JOURNAL";
+pub const JOURNAL: &str = "meridian.v1.journal";
+
 /// Broker → all agents: [`crate::BrokerHello`]; agents answer by sending their advert.
 pub const BROKER_HELLO: &str = "meridian.v1.broker.hello";
 

@@ -5,8 +5,8 @@
 use super::reactor::Event;
 use super::Millis;
 
-/// One journaled step: when it happened and what happened.
-#[derive(Clone, Debug, PartialEq)]
+/// One journaled step: when it happened and what happened. Stored as JSON (the events are made of wire types).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Record {
     pub at_ms: Millis,
     pub event: Event,
@@ -49,6 +49,26 @@ pub struct NullJournal;
 
 impl Journal for NullJournal {
     fn append(&mut self, _record: &Record) -> Result<(), JournalError> {
+        Ok(())
+    }
+}
+
+/// Holds records until the shell has made them durable (see `service::journal`): the reactor appends, the
+/// shell takes them and stores them before it acts on the step.
+#[derive(Debug, Default)]
+pub struct BufferJournal {
+    pending: Vec<Record>,
+}
+
+impl BufferJournal {
+    pub fn take(&mut self) -> Vec<Record> {
+        std::mem::take(&mut self.pending)
+    }
+}
+
+impl Journal for BufferJournal {
+    fn append(&mut self, record: &Record) -> Result<(), JournalError> {
+        self.pending.push(record.clone());
         Ok(())
     }
 }

@@ -37,7 +37,8 @@ impl Default for CoreConfig {
 }
 
 /// Everything that can change broker state.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Event {
     Advert(SiteAdvert),
     Heartbeat(Heartbeat),
@@ -169,6 +170,18 @@ impl<J: Journal> Reactor<J> {
 
     pub fn journal(&self) -> &J {
         &self.journal
+    }
+
+    pub fn journal_mut(&mut self) -> &mut J {
+        &mut self.journal
+    }
+
+    /// After a replay, liveness starts afresh: every known site counts as seen now, and is declared lost only if
+    /// its heartbeats stay away for the loss timeout from here.
+    pub fn resume(&mut self, now: Millis) {
+        for s in self.state.sites.values_mut() {
+            s.last_seen_ms = now;
+        }
     }
 
     /// Takes the messages produced by the steps so far.

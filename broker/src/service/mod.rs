@@ -4,8 +4,9 @@
 
 pub mod api;
 pub mod http;
+pub mod journal;
 
-use crate::core::journal::MemoryJournal;
+use crate::core::journal::BufferJournal;
 use crate::core::latency::RttTable;
 use crate::core::reactor::{Command, CoreConfig, Event, Reactor, Response, StepError};
 use crate::core::regions::{parse_geojson, Regions};
@@ -164,7 +165,7 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
         offer_timeout_ms: cfg.offer_timeout_ms,
         refusal_cooldown_ms: cfg.offer_timeout_ms.max(2_000) * 2,
     };
-    let mut reactor = Reactor::new(core, rtt, regions, MemoryJournal::default());
+    let mut reactor = Reactor::new(core, rtt, regions, BufferJournal::default());
     if let Some(path) = &cfg.throughput {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -180,6 +181,20 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
         .with_context(|| format!("connecting to {}", cfg.nats))?;
     tracing::info!("connected to {}", cfg.nats);
 
+    let journal = journal::JetStreamJournal::open(client.clone()).await?;
+    let started = std::time::Instant::now();
+    let records = journal.load().await?;
+    reactor.replay(&records);
+    reactor.resume(now_ms());
+    tracing::info!(
+        "recovered {} jobs and {} sites from {} journal records in {} ms",
+        reactor.state.jobs.len(),
+        reactor.state.sites.len(),
+        records.len(),
+        started.elapsed().as_millis()
+    );
+    drop(records);
+
     let (tx, rx) = mpsc::unbounded_channel();
     let handle = BrokerHandle {
         tx,
@@ -187,6 +202,7 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
     };
     let reactor_task = tokio::spawn(reactor_loop(
         reactor,
+        journal,
         rx,
         handle.clone(),
         Duration::from_millis(cfg.tick_ms.max(10)),
@@ -229,7 +245,7 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = sigterm.recv() => {}
-        r = reactor_task => { r?; }
+        r = reactor_task => { r??; }
     }
     tracing::info!("broker stopping");
     Ok(())
@@ -307,27 +323,27 @@ fn same_site(
 }
 
 async fn reactor_loop(
-    mut reactor: Reactor<MemoryJournal>,
+    mut reactor: Reactor<BufferJournal>,
+    mut journal: journal::JetStreamJournal,
     mut rx: mpsc::UnboundedReceiver<Input>,
     handle: BrokerHandle,
     tick: Duration,
     offer_timeout: Duration,
-) {
+) -> anyhow::Result<()> {
     let mut clock = tokio::time::interval(tick);
     clock.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        let mut reply = None;
         tokio::select! {
             input = rx.recv() => {
-                let Some(input) = input else { return };
+                let Some(input) = input else { return Ok(()) };
                 match input {
-                    Input::Event(event, reply) => {
+                    Input::Event(event, tx) => {
                         let r = reactor.step(now_ms(), event);
                         if let Err(e) = &r {
                             tracing::debug!("step refused: {e}");
                         }
-                        if let Some(tx) = reply {
-                            let _ = tx.send(r);
-                        }
+                        reply = tx.map(|tx| (tx, r));
                     }
                     Input::Query(q, tx) => {
                         let _ = tx.send(answer(&reactor, q));
@@ -340,13 +356,24 @@ async fn reactor_loop(
                 }
             }
         }
+        // The step is stored before anything is said or sent because of it.
+        let records = reactor.journal_mut().take();
+        if !records.is_empty() {
+            if let Err(e) = journal.store(records).await {
+                tracing::error!("stopping: {e:#}");
+                return Err(e);
+            }
+        }
+        if let Some((tx, r)) = reply {
+            let _ = tx.send(r);
+        }
         for command in reactor.take_outbox() {
             send(&handle, command, offer_timeout);
         }
     }
 }
 
-fn answer(reactor: &Reactor<MemoryJournal>, q: Query) -> Answer {
+fn answer(reactor: &Reactor<BufferJournal>, q: Query) -> Answer {
     let st = &reactor.state;
     match q {
         Query::Jobs => Answer::Jobs(
