@@ -561,3 +561,33 @@ fn a_restarted_broker_loses_nothing() {
     let log = std::fs::read_to_string(f.fed.dir.join("broker.log")).unwrap();
     assert!(log.contains("recovered 3 jobs"), "{log}");
 }
+
+/// A job that finishes while NATS is down, on an agent that is then killed and restarted, is still reported
+/// as succeeded: unacknowledged status updates wait on disk and are delivered, in order, after the restart.
+#[test]
+fn status_updates_survive_an_outage_and_an_agent_restart() {
+    let mut f = Fed::generated(
+        &[SiteSpec {
+            id: "edge",
+            tier: "owned",
+            lat: 50.1,
+            lon: 8.7,
+            model: "L4",
+            count: 1,
+            price: 1.0,
+            carbon: 300,
+        }],
+        "site_lost_after_ms = 60000",
+    );
+    let id = f.submit(&job("through-outage", 1, "sleep 2"));
+    f.wait_phase(&id, "running", LONG);
+    f.fed.nats.kill();
+    // The job ends while nobody can hear about it; then the agent dies too.
+    std::thread::sleep(Duration::from_secs(4));
+    f.fed.kill_agent("edge");
+    f.fed.nats.restart().expect("nats restarts");
+    f.fed.restart_agent("edge").expect("agent restarts");
+    let done = f.wait_phase(&id, "succeeded", Duration::from_secs(60));
+    assert_eq!(done["attempt"], 1, "{done}");
+    assert_eq!(done["exit_code"], 0, "{done}");
+}

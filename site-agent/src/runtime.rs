@@ -4,6 +4,7 @@
 
 use crate::config::{NvmlMode, SiteFile};
 use crate::core::AgentCore;
+use crate::outbox::StatusOutbox;
 use anyhow::Context;
 use bytes::Bytes;
 use futures::StreamExt;
@@ -14,10 +15,11 @@ use meridian_federation::{
     decode, encode, AttemptState, BrokerHello, CancelAttempt, DeviceState, Heartbeat, JobId,
     JobStatus, LogsReply, LogsRequest, Offer, PoolAdvert, StatusAck, WIRE_VERSION,
 };
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use tokio::sync::mpsc;
+use tokio::sync::Notify;
 
 /// What the command line decides.
 #[derive(Clone, Debug)]
@@ -48,7 +50,8 @@ struct Agent {
     work_dir: PathBuf,
     grace: Duration,
     procs: HashMap<(JobId, u32), Proc>,
-    statuses: mpsc::UnboundedSender<JobStatus>,
+    outbox: Arc<Mutex<StatusOutbox>>,
+    wake: Arc<Notify>,
     heartbeat_seq: u64,
 }
 
@@ -132,11 +135,21 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
         .with_context(|| format!("connecting to {}", opts.nats_url))?;
     tracing::info!("site {id} connected to {}", opts.nats_url);
 
-    let (status_tx, status_rx) = mpsc::unbounded_channel();
+    let outbox = StatusOutbox::open(opts.work_dir.join("status-outbox.jsonl"))
+        .with_context(|| format!("opening the status outbox in {}", opts.work_dir.display()))?;
+    if !outbox.is_empty() {
+        tracing::info!(
+            "{} status updates from an earlier run are still to be delivered",
+            outbox.len()
+        );
+    }
+    let outbox = Arc::new(Mutex::new(outbox));
+    let wake = Arc::new(Notify::new());
     tokio::spawn(send_statuses(
         client.clone(),
         subjects::site(&id, SiteTopic::Status),
-        status_rx,
+        outbox.clone(),
+        wake.clone(),
     ));
 
     let mut agent = Agent {
@@ -145,7 +158,8 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
         work_dir: opts.work_dir.clone(),
         grace: Duration::from_millis(site.agent.grace_ms),
         procs: HashMap::new(),
-        statuses: status_tx,
+        outbox,
+        wake,
         heartbeat_seq: 0,
     };
     agent.reap_leftovers();
@@ -193,26 +207,23 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Sends status updates in order, each repeated until the broker acknowledges it.
+/// Sends status updates in order from the outbox, each repeated until the broker acknowledges it.
 async fn send_statuses(
     client: async_nats::Client,
     subject: String,
-    mut rx: mpsc::UnboundedReceiver<JobStatus>,
+    outbox: Arc<Mutex<StatusOutbox>>,
+    wake: Arc<Notify>,
 ) {
-    let mut queue: VecDeque<JobStatus> = VecDeque::new();
     loop {
-        if queue.is_empty() {
-            match rx.recv().await {
-                Some(s) => queue.push_back(s),
-                None => return,
+        let head = outbox.lock().ok().and_then(|o| o.front().cloned());
+        let Some(head) = head else {
+            wake.notified().await;
+            continue;
+        };
+        let Ok(payload) = encode(&head) else {
+            if let Ok(mut o) = outbox.lock() {
+                let _ = o.pop();
             }
-        }
-        while let Ok(s) = rx.try_recv() {
-            queue.push_back(s);
-        }
-        let Some(head) = queue.front() else { continue };
-        let Ok(payload) = encode(head) else {
-            queue.pop_front();
             continue;
         };
         let reply = tokio::time::timeout(
@@ -222,7 +233,11 @@ async fn send_statuses(
         .await;
         match reply {
             Ok(Ok(m)) if decode::<StatusAck>(&m.payload).is_ok() => {
-                queue.pop_front();
+                if let Ok(mut o) = outbox.lock() {
+                    if let Err(e) = o.pop() {
+                        tracing::error!("status outbox: {e}");
+                    }
+                }
             }
             _ => tokio::time::sleep(Duration::from_millis(300)).await,
         }
@@ -273,7 +288,7 @@ impl Agent {
                 let s = s.trim().to_string();
                 (!s.is_empty() && s.len() <= 4096).then_some(s)
             });
-        let _ = self.statuses.send(JobStatus {
+        let update = JobStatus {
             v: WIRE_VERSION,
             job: job.clone(),
             attempt,
@@ -283,7 +298,16 @@ impl Agent {
             started_at_ms: p.map(|p| p.started_ms),
             runtime_ms: p.map(|p| now.saturating_sub(p.started_ms)),
             checkpoint,
-        });
+        };
+        match self.outbox.lock() {
+            Ok(mut o) => {
+                if let Err(e) = o.push(update) {
+                    tracing::error!("status outbox: could not store an update for {job}: {e}");
+                }
+            }
+            Err(_) => tracing::error!("status outbox unusable; an update for {job} is lost"),
+        }
+        self.wake.notify_one();
     }
 
     async fn on_offer(&mut self, m: async_nats::Message) {

@@ -1,0 +1,126 @@
+//! Status updates the broker has not acknowledged yet, kept on disk (one JSON line each) so that they survive
+//! a restart of the agent: a job that finished while NATS was unreachable is still reported when the agent
+//! comes back, in order.
+
+use meridian_federation::{decode, encode, JobStatus};
+use std::collections::VecDeque;
+use std::io::Write;
+use std::path::PathBuf;
+
+#[derive(Debug)]
+pub struct StatusOutbox {
+    path: PathBuf,
+    queue: VecDeque<JobStatus>,
+}
+
+impl StatusOutbox {
+    /// Opens the outbox at `path`, loading what an earlier run left unacknowledged. Unreadable lines are
+    /// skipped and counted in the log.
+    pub fn open(path: PathBuf) -> std::io::Result<Self> {
+        let mut queue = VecDeque::new();
+        if let Ok(text) = std::fs::read_to_string(&path) {
+            let mut bad = 0;
+            for line in text.lines().filter(|l| !l.trim().is_empty()) {
+                match decode::<JobStatus>(line.as_bytes()) {
+                    Ok(s) => queue.push_back(s),
+                    Err(_) => bad += 1,
+                }
+            }
+            if bad > 0 {
+                tracing::warn!("{}: skipped {bad} unreadable status lines", path.display());
+            }
+        }
+        let outbox = StatusOutbox { path, queue };
+        outbox.rewrite()?;
+        Ok(outbox)
+    }
+
+    /// Adds an update at the end, on disk before it returns.
+    pub fn push(&mut self, status: JobStatus) -> std::io::Result<()> {
+        let mut line = encode(&status).map_err(std::io::Error::other)?;
+        line.push(b'\n');
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.path)?;
+        f.write_all(&line)?;
+        f.sync_data()?;
+        self.queue.push_back(status);
+        Ok(())
+    }
+
+    /// The oldest unacknowledged update.
+    pub fn front(&self) -> Option<&JobStatus> {
+        self.queue.front()
+    }
+
+    /// Drops the oldest update (the broker acknowledged it).
+    pub fn pop(&mut self) -> std::io::Result<()> {
+        self.queue.pop_front();
+        self.rewrite()
+    }
+
+    pub fn len(&self) -> usize {
+        self.queue.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    fn rewrite(&self) -> std::io::Result<()> {
+        let tmp = self.path.with_extension("tmp");
+        let mut f = std::fs::File::create(&tmp)?;
+        for s in &self.queue {
+            let mut line = encode(s).map_err(std::io::Error::other)?;
+            line.push(b'\n');
+            f.write_all(&line)?;
+        }
+        f.sync_data()?;
+        std::fs::rename(&tmp, &self.path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use meridian_federation::{AttemptState, JobId, SiteId};
+
+    fn status(job: &str, state: AttemptState) -> JobStatus {
+        JobStatus {
+            v: 1,
+            job: JobId::new(job).unwrap(),
+            attempt: 1,
+            site: SiteId::new("s").unwrap(),
+            state,
+            at_ms: 1,
+            started_at_ms: None,
+            runtime_ms: None,
+            checkpoint: None,
+        }
+    }
+
+    #[test]
+    fn unacknowledged_updates_survive_a_restart_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("outbox.jsonl");
+        let mut o = StatusOutbox::open(path.clone()).unwrap();
+        o.push(status("a", AttemptState::Running)).unwrap();
+        o.push(status("a", AttemptState::Succeeded { exit_code: 0 }))
+            .unwrap();
+        o.push(status("b", AttemptState::Running)).unwrap();
+        o.pop().unwrap();
+        drop(o);
+        let mut again = StatusOutbox::open(path.clone()).unwrap();
+        assert_eq!(again.len(), 2);
+        assert_eq!(
+            again.front().unwrap().state,
+            AttemptState::Succeeded { exit_code: 0 }
+        );
+        again.pop().unwrap();
+        assert_eq!(again.front().unwrap().job.as_str(), "b");
+        std::fs::write(&path, "garbage\n").unwrap();
+        assert!(StatusOutbox::open(path).unwrap().is_empty());
+    }
+}
