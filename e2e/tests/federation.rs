@@ -183,8 +183,9 @@ fn burst_to_cloud_only_after_max_wait() {
     f.wait_phase(&filler, "cancelled", LONG);
 }
 
-/// (f) kill -9 of an agent: its running job is requeued and finishes elsewhere, and the job's process on the
-/// dead agent's side stops (the witness file shows attempt 1 never finished).
+/// (f) kill -9 of an agent: its running job is requeued and finishes elsewhere, resuming from the checkpoint it
+/// reported, and the job's process on the dead agent's side stops (the witness file shows attempt 1 never
+/// finished).
 #[test]
 fn a_killed_agent_loses_no_job_and_leaves_no_process() {
     let mut f = Fed::generated(
@@ -214,7 +215,8 @@ fn a_killed_agent_loses_no_job_and_leaves_no_process() {
     );
     let witness = f.scratch.path().join("witness");
     let cmd = format!(
-        "echo \"$MERIDIAN_JOB_ID $MERIDIAN_ATTEMPT start $MERIDIAN_SITE_ID\" >> {w}; sleep 6; \
+        "echo \"$MERIDIAN_JOB_ID $MERIDIAN_ATTEMPT start $MERIDIAN_SITE_ID from ${{MERIDIAN_RESUME_FROM:-scratch}}\" >> {w}; \
+         echo \"s3://ckpt/$MERIDIAN_JOB_ID/step-$MERIDIAN_ATTEMPT\" > \"$MERIDIAN_CHECKPOINT_FILE\"; sleep 6; \
          echo \"$MERIDIAN_JOB_ID $MERIDIAN_ATTEMPT end $MERIDIAN_SITE_ID\" >> {w}",
         w = witness.display()
     );
@@ -226,6 +228,10 @@ fn a_killed_agent_loses_no_job_and_leaves_no_process() {
     f.wait_until("attempt 1 to start", LONG, || {
         std::fs::read_to_string(&witness).is_ok_and(|w| w.contains("start first"))
     });
+    // The agent reports the checkpoint the job wrote, so the broker can resume it elsewhere.
+    f.wait_until("the checkpoint to be reported", LONG, || {
+        f.job(&id)["checkpoint"] == format!("s3://ckpt/{id}/step-1")
+    });
     f.fed.kill_agent("first");
     let done = f.wait_phase(&id, "succeeded", Duration::from_secs(60));
     assert_eq!(done["site"], "second", "{done}");
@@ -233,7 +239,15 @@ fn a_killed_agent_loses_no_job_and_leaves_no_process() {
     // Long enough for attempt 1 to have finished had it survived.
     std::thread::sleep(Duration::from_secs(2));
     let w = std::fs::read_to_string(&witness).unwrap();
-    assert!(w.contains(&format!("{id} 1 start first")), "{w}");
+    assert!(
+        w.contains(&format!("{id} 1 start first from scratch")),
+        "{w}"
+    );
+    assert!(
+        w.lines()
+            .any(|l| l.contains("start second from s3://ckpt/") && l.ends_with("/step-1")),
+        "the requeued attempt did not resume from the checkpoint:\n{w}"
+    );
     assert!(
         !w.contains(&format!("{id} 1 end")),
         "attempt 1 kept running after its agent died:\n{w}"

@@ -42,6 +42,8 @@ struct Proc {
     cancel_reason: Option<String>,
     checkpoint_path: PathBuf,
     pgid_path: PathBuf,
+    /// The checkpoint URI last reported to the broker.
+    reported_checkpoint: Option<String>,
 }
 
 struct Agent {
@@ -193,7 +195,10 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
                     agent.publish_advert().await;
                 }
             }
-            _ = heartbeat.tick() => agent.publish_heartbeat().await,
+            _ = heartbeat.tick() => {
+                agent.report_checkpoints();
+                agent.publish_heartbeat().await
+            }
             _ = advert.tick() => agent.publish_advert().await,
             _ = reap.tick() => agent.reap_finished().await,
             _ = tokio::signal::ctrl_c() => break,
@@ -205,6 +210,13 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
         p.handle.stop();
     }
     Ok(())
+}
+
+/// The checkpoint URI a job wrote to its checkpoint file, if any (at most 4 KiB).
+fn read_checkpoint(path: &std::path::Path) -> Option<String> {
+    let s = std::fs::read_to_string(path).ok()?;
+    let s = s.trim();
+    (!s.is_empty() && s.len() <= 4096).then(|| s.to_owned())
 }
 
 /// Sends status updates in order from the outbox, each repeated until the broker acknowledges it.
@@ -266,6 +278,24 @@ impl Agent {
             .await;
     }
 
+    /// Reports, as a `running` update, every running job whose checkpoint file names a new checkpoint, so that
+    /// the broker can resume it from there if this site is lost.
+    fn report_checkpoints(&mut self) {
+        let mut changed = Vec::new();
+        for ((job, attempt), p) in self.procs.iter_mut() {
+            let now = read_checkpoint(&p.checkpoint_path);
+            if now.is_some() && now != p.reported_checkpoint {
+                p.reported_checkpoint = now;
+                changed.push((job.clone(), *attempt));
+            }
+        }
+        for (job, attempt) in changed {
+            if let Some(p) = self.procs.get(&(job.clone(), attempt)) {
+                self.status(&job, attempt, AttemptState::Running, Some(p));
+            }
+        }
+    }
+
     async fn publish_heartbeat(&mut self) {
         self.heartbeat_seq += 1;
         let h = Heartbeat {
@@ -282,12 +312,7 @@ impl Agent {
 
     fn status(&self, job: &JobId, attempt: u32, state: AttemptState, p: Option<&Proc>) {
         let now = now_ms();
-        let checkpoint = p
-            .and_then(|p| std::fs::read_to_string(&p.checkpoint_path).ok())
-            .and_then(|s| {
-                let s = s.trim().to_string();
-                (!s.is_empty() && s.len() <= 4096).then_some(s)
-            });
+        let checkpoint = p.and_then(|p| read_checkpoint(&p.checkpoint_path));
         let update = JobStatus {
             v: WIRE_VERSION,
             job: job.clone(),
@@ -406,6 +431,7 @@ impl Agent {
             cancel_reason: None,
             checkpoint_path,
             pgid_path,
+            reported_checkpoint: None,
         };
         self.status(&offer.job, offer.attempt, AttemptState::Running, Some(&p));
         self.procs.insert((offer.job.clone(), offer.attempt), p);

@@ -584,11 +584,14 @@ impl<J: Journal> Reactor<J> {
         match s.state.clone() {
             AttemptState::Running => {
                 if let Some(job) = self.state.jobs.get_mut(&id) {
+                    let first = job.phase == JobPhase::Offered || job.started_ms.is_none();
                     if job.phase == JobPhase::Offered {
                         job.phase = JobPhase::Running;
                     }
                     job.started_ms = Some(s.started_at_ms.unwrap_or(now));
-                    job.note(now, format!("attempt {} running on {}", s.attempt, s.site));
+                    if first {
+                        job.note(now, format!("attempt {} running on {}", s.attempt, s.site));
+                    }
                 }
             }
             AttemptState::Succeeded { exit_code } => self.finish(
