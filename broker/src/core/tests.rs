@@ -17,27 +17,7 @@ fn sites(adverts: Vec<SiteAdvert>) -> BTreeMap<SiteId, Site> {
 }
 
 fn choose(adverts: Vec<SiteAdvert>, spec: &JobSpec, waited_ms: u64) -> Outcome {
-    let sites = sites(adverts);
-    let rtt = RttTable::default();
-    let regions = regions();
-    let view = View {
-        sites: &sites,
-        rtt: &rtt,
-        regions: &regions,
-        throughput: &Default::default(),
-        index: None,
-    };
-    place(
-        view,
-        Request {
-            spec,
-            waited_ms,
-            refused: &[],
-            baseline: None,
-        },
-        0,
-    )
-    .outcome
+    decide_on(&sites(adverts), spec, &Default::default(), None, waited_ms).outcome
 }
 
 fn choose_indexed(adverts: Vec<SiteAdvert>, spec: &JobSpec, waited_ms: u64) -> Outcome {
@@ -46,24 +26,32 @@ fn choose_indexed(adverts: Vec<SiteAdvert>, spec: &JobSpec, waited_ms: u64) -> O
     for s in sites.values() {
         index.update(s, &Default::default());
     }
+    decide_on(&sites, spec, &Default::default(), Some(&index), waited_ms).outcome
+}
+
+/// One decision over `sites`, with no measured round trips, the test regions, and this throughput and index.
+fn decide_on(
+    sites: &BTreeMap<SiteId, Site>,
+    spec: &JobSpec,
+    throughput: &super::throughput::Throughput,
+    index: Option<&crate::core::index::SiteIndex>,
+    waited_ms: u64,
+) -> super::placement::Decision {
     let (rtt, regions) = (RttTable::default(), regions());
-    place(
-        View {
-            sites: &sites,
-            rtt: &rtt,
-            regions: &regions,
-            throughput: &Default::default(),
-            index: Some(&index),
-        },
-        Request {
-            spec,
-            waited_ms,
-            refused: &[],
-            baseline: None,
-        },
-        0,
-    )
-    .outcome
+    let view = View {
+        sites,
+        rtt: &rtt,
+        regions: &regions,
+        throughput,
+        index,
+    };
+    let request = Request {
+        spec,
+        waited_ms,
+        refused: &[],
+        baseline: None,
+    };
+    place(view, request, 0)
 }
 
 fn chosen_site(o: &Outcome) -> &str {
@@ -122,29 +110,10 @@ fn faster_models_cost_less_per_job_under_the_throughput_table() {
             .build(),
     ];
     let sites = sites(adverts);
-    let (rtt, regions) = (RttTable::default(), regions());
     let mut throughput = super::throughput::Throughput::default();
     let mut spec = job("k", 1);
     spec.policy = Some(Policy::Cost);
-    let decide = |t: &super::throughput::Throughput| {
-        place(
-            View {
-                sites: &sites,
-                rtt: &rtt,
-                regions: &regions,
-                throughput: t,
-                index: None,
-            },
-            Request {
-                spec: &spec,
-                waited_ms: 0,
-                refused: &[],
-                baseline: None,
-            },
-            0,
-        )
-        .outcome
-    };
+    let decide = |t: &super::throughput::Throughput| decide_on(&sites, &spec, t, None, 0).outcome;
     assert_eq!(chosen_site(&decide(&throughput)), "a100-site");
     throughput.insert("H100", 3.0);
     assert_eq!(chosen_site(&decide(&throughput)), "h100-site");
@@ -161,31 +130,13 @@ fn a_deadline_rules_out_slow_hardware() {
             .build(),
     ];
     let sites = sites(adverts);
-    let (rtt, regions) = (RttTable::default(), regions());
     let mut t = super::throughput::Throughput::default();
     t.insert("L4", 0.4);
     t.insert("H100", 3.0);
     let mut spec = job("k", 1);
     spec.policy = Some(Policy::Cost);
     spec.duration_s = Some(6 * 3600);
-    let decide = |spec: &JobSpec| {
-        place(
-            View {
-                sites: &sites,
-                rtt: &rtt,
-                regions: &regions,
-                throughput: &t,
-                index: None,
-            },
-            Request {
-                spec,
-                waited_ms: 0,
-                refused: &[],
-                baseline: None,
-            },
-            0,
-        )
-    };
+    let decide = |spec: &JobSpec| decide_on(&sites, spec, &t, None, 0);
     assert_eq!(chosen_site(&decide(&spec).outcome), "slow-cheap");
     // 6 reference hours take 15 h on the L4 and 2 h on the H100; a 10-hour deadline leaves only the H100.
     spec.window.deadline_ms = Some(10 * 3_600_000);
@@ -234,30 +185,12 @@ fn deferrable_work_waits_for_a_cleaner_hour_only_while_the_deadline_holds() {
     a.site.carbon.forecast_start_ms = 0;
     a.site.carbon.forecast = vec![400, 400, 400, 100, 100, 100, 100, 100];
     let sites = sites(vec![a]);
-    let (rtt, regions, t) = (RttTable::default(), regions(), Default::default());
+    let t = Default::default();
     let mut spec = job("k", 1);
     spec.policy = Some(Policy::Green);
     spec.duration_s = Some(3600);
     spec.window.deadline_ms = Some(8 * H);
-    let decide = |spec: &JobSpec| {
-        place(
-            View {
-                sites: &sites,
-                rtt: &rtt,
-                regions: &regions,
-                throughput: &t,
-                index: None,
-            },
-            Request {
-                spec,
-                waited_ms: 0,
-                refused: &[],
-                baseline: None,
-            },
-            0,
-        )
-        .outcome
-    };
+    let decide = |spec: &JobSpec| decide_on(&sites, spec, &t, None, 0).outcome;
     match decide(&spec) {
         Outcome::Wait(Wait::Deferred { until_ms, .. }) => assert_eq!(until_ms, 3 * H),
         other => panic!("expected a deferral, got {other:?}"),
@@ -456,25 +389,9 @@ fn every_candidate_is_explained() {
             .build(),
     );
     let sites = sites(adverts);
-    let (rtt, regions) = (RttTable::default(), regions());
     let mut spec = job("k", 1);
     spec.constraints.residency = Some("eu".into());
-    let d = place(
-        View {
-            sites: &sites,
-            rtt: &rtt,
-            regions: &regions,
-            throughput: &Default::default(),
-            index: None,
-        },
-        Request {
-            spec: &spec,
-            waited_ms: 0,
-            refused: &[],
-            baseline: None,
-        },
-        0,
-    );
+    let d = decide_on(&sites, &spec, &Default::default(), None, 0);
     assert_eq!(d.candidates.len(), 4);
     let rejected: Vec<String> = d
         .candidates
@@ -949,15 +866,7 @@ mod index_oracle {
                 .iter()
                 .map(|(lat, lon, w)| UserLocation { name: None, location: GeoPoint { lat: *lat, lon: *lon }, weight: *w, rtt_region: None })
                 .collect();
-            let (rtt, regions, t) = (RttTable::default(), regions(), Default::default());
-            let decide = |index: Option<&SiteIndex>| {
-                place(
-                    View { sites: &sites, rtt: &rtt, regions: &regions, throughput: &t, index },
-                    Request { spec: &spec, waited_ms: 0, refused: &[], baseline: None },
-                    0,
-                )
-                .outcome
-            };
+            let decide = |index: Option<&SiteIndex>| decide_on(&sites, &spec, &Default::default(), index, 0).outcome;
             let (full, indexed) = (decide(None), decide(Some(&index)));
             match (&full, &indexed) {
                 (Outcome::Place(a), Outcome::Place(b)) => {
@@ -978,24 +887,8 @@ fn busy_candidates_say_how_much_is_free() {
         .used(0, 1000)
         .build()];
     let sites = sites(adverts);
-    let (rtt, regions) = (RttTable::default(), regions());
     let spec = job("k", 2);
-    let d = place(
-        View {
-            sites: &sites,
-            rtt: &rtt,
-            regions: &regions,
-            throughput: &Default::default(),
-            index: None,
-        },
-        Request {
-            spec: &spec,
-            waited_ms: 0,
-            refused: &[],
-            baseline: None,
-        },
-        0,
-    );
+    let d = decide_on(&sites, &spec, &Default::default(), None, 0);
     assert!(matches!(
         d.candidates[0].reject,
         Some(Reject::Busy {
