@@ -34,6 +34,22 @@ pub struct SiteSpec<'a> {
     pub carbon: u32,
 }
 
+impl<'a> SiteSpec<'a> {
+    /// `count` GPUs of `model` at `price` USD per hour, in Northern Virginia on a 300 gCO2e/kWh grid.
+    pub fn new(id: &'a str, tier: &'a str, model: &'a str, count: u32, price: f64) -> Self {
+        SiteSpec {
+            id,
+            tier,
+            lat: 39.0,
+            lon: -77.4,
+            model,
+            count,
+            price,
+            carbon: 300,
+        }
+    }
+}
+
 pub fn site_toml(s: &SiteSpec<'_>) -> String {
     let kind = if s.tier == "cloud" {
         "cloud"

@@ -77,34 +77,19 @@ fn green_and_cost_policies_choose_their_own_best() {
     let f = Fed::generated(
         &[
             SiteSpec {
-                id: "cheap-coal",
-                tier: "owned",
-                lat: 39.0,
-                lon: -77.4,
-                model: "A100",
-                count: 4,
-                price: 1.5,
                 carbon: 600,
+                ..SiteSpec::new("cheap-coal", "owned", "A100", 4, 1.5)
             },
             SiteSpec {
-                id: "mid",
-                tier: "owned",
                 lat: 41.8,
                 lon: -87.6,
-                model: "A100",
-                count: 4,
-                price: 2.5,
-                carbon: 300,
+                ..SiteSpec::new("mid", "owned", "A100", 4, 2.5)
             },
             SiteSpec {
-                id: "dear-hydro",
-                tier: "owned",
                 lat: 45.8,
                 lon: -119.7,
-                model: "A100",
-                count: 4,
-                price: 3.5,
                 carbon: 40,
+                ..SiteSpec::new("dear-hydro", "owned", "A100", 4, 3.5)
             },
         ],
         "",
@@ -127,26 +112,8 @@ fn green_and_cost_policies_choose_their_own_best() {
 fn burst_to_cloud_only_after_max_wait() {
     let f = Fed::generated(
         &[
-            SiteSpec {
-                id: "owned",
-                tier: "owned",
-                lat: 39.0,
-                lon: -77.4,
-                model: "A100",
-                count: 1,
-                price: 1.0,
-                carbon: 300,
-            },
-            SiteSpec {
-                id: "cloud",
-                tier: "cloud",
-                lat: 39.0,
-                lon: -77.4,
-                model: "A100",
-                count: 4,
-                price: 4.0,
-                carbon: 300,
-            },
+            SiteSpec::new("owned", "owned", "A100", 1, 1.0),
+            SiteSpec::new("cloud", "cloud", "A100", 4, 4.0),
         ],
         "",
     );
@@ -190,25 +157,11 @@ fn burst_to_cloud_only_after_max_wait() {
 fn a_killed_agent_loses_no_job_and_leaves_no_process() {
     let mut f = Fed::generated(
         &[
+            SiteSpec::new("first", "owned", "A100", 2, 1.0),
             SiteSpec {
-                id: "first",
-                tier: "owned",
-                lat: 39.0,
-                lon: -77.4,
-                model: "A100",
-                count: 2,
-                price: 1.0,
-                carbon: 300,
-            },
-            SiteSpec {
-                id: "second",
-                tier: "owned",
                 lat: 45.8,
                 lon: -119.7,
-                model: "A100",
-                count: 2,
-                price: 2.0,
-                carbon: 300,
+                ..SiteSpec::new("second", "owned", "A100", 2, 2.0)
             },
         ],
         "site_lost_after_ms = 2000",
@@ -261,14 +214,9 @@ fn a_killed_agent_loses_no_job_and_leaves_no_process() {
 fn bad_input_gets_clear_errors_and_loses_nothing() {
     let f = Fed::generated(
         &[SiteSpec {
-            id: "only",
-            tier: "owned",
             lat: 50.1,
             lon: 8.7,
-            model: "A100",
-            count: 2,
-            price: 1.0,
-            carbon: 300,
+            ..SiteSpec::new("only", "owned", "A100", 2, 1.0)
         }],
         "",
     );
@@ -344,14 +292,9 @@ fn bad_input_gets_clear_errors_and_loses_nothing() {
 fn a_job_runs_for_real_and_reports_its_exit_code() {
     let f = Fed::generated(
         &[SiteSpec {
-            id: "solo",
-            tier: "owned",
             lat: 50.1,
             lon: 8.7,
-            model: "A100",
-            count: 4,
-            price: 1.0,
-            carbon: 300,
+            ..SiteSpec::new("solo", "owned", "A100", 4, 1.0)
         }],
         "",
     );
@@ -381,14 +324,9 @@ fn a_job_runs_for_real_and_reports_its_exit_code() {
 fn the_run_survives_a_nats_restart() {
     let mut f = Fed::generated(
         &[SiteSpec {
-            id: "steady",
-            tier: "owned",
             lat: 50.1,
             lon: 8.7,
-            model: "A100",
-            count: 2,
-            price: 1.0,
-            carbon: 300,
+            ..SiteSpec::new("steady", "owned", "A100", 2, 1.0)
         }],
         "site_lost_after_ms = 15000",
     );
@@ -406,26 +344,8 @@ fn the_run_survives_a_nats_restart() {
 fn cancel_idempotency_and_drain() {
     let f = Fed::generated(
         &[
-            SiteSpec {
-                id: "cheap",
-                tier: "owned",
-                lat: 39.0,
-                lon: -77.4,
-                model: "A100",
-                count: 2,
-                price: 1.0,
-                carbon: 300,
-            },
-            SiteSpec {
-                id: "dear",
-                tier: "owned",
-                lat: 39.0,
-                lon: -77.4,
-                model: "A100",
-                count: 2,
-                price: 3.0,
-                carbon: 300,
-            },
+            SiteSpec::new("cheap", "owned", "A100", 2, 1.0),
+            SiteSpec::new("dear", "owned", "A100", 2, 3.0),
         ],
         "",
     );
@@ -476,26 +396,8 @@ fn cancel_idempotency_and_drain() {
 fn scale_in_stops_cloud_replicas_first() {
     let f = Fed::generated(
         &[
-            SiteSpec {
-                id: "owned",
-                tier: "owned",
-                lat: 39.0,
-                lon: -77.4,
-                model: "A100",
-                count: 2,
-                price: 1.0,
-                carbon: 300,
-            },
-            SiteSpec {
-                id: "cloud",
-                tier: "cloud",
-                lat: 39.0,
-                lon: -77.4,
-                model: "A100",
-                count: 4,
-                price: 4.0,
-                carbon: 300,
-            },
+            SiteSpec::new("owned", "owned", "A100", 2, 1.0),
+            SiteSpec::new("cloud", "cloud", "A100", 4, 4.0),
         ],
         "",
     );
@@ -527,19 +429,7 @@ fn scale_in_stops_cloud_replicas_first() {
 /// waiting — and the run completes.
 #[test]
 fn a_restarted_broker_loses_nothing() {
-    let mut f = Fed::generated(
-        &[SiteSpec {
-            id: "only",
-            tier: "owned",
-            lat: 39.0,
-            lon: -77.4,
-            model: "A100",
-            count: 2,
-            price: 1.0,
-            carbon: 300,
-        }],
-        "",
-    );
+    let mut f = Fed::generated(&[SiteSpec::new("only", "owned", "A100", 2, 1.0)], "");
     let witness = f.scratch.path().join("witness");
     let run = |name: &str, gpus: u32, seconds: u32| {
         let cmd = format!(
@@ -582,14 +472,9 @@ fn a_restarted_broker_loses_nothing() {
 fn status_updates_survive_an_outage_and_an_agent_restart() {
     let mut f = Fed::generated(
         &[SiteSpec {
-            id: "edge",
-            tier: "owned",
             lat: 50.1,
             lon: 8.7,
-            model: "L4",
-            count: 1,
-            price: 1.0,
-            carbon: 300,
+            ..SiteSpec::new("edge", "owned", "L4", 1, 1.0)
         }],
         "site_lost_after_ms = 60000",
     );
