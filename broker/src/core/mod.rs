@@ -9,6 +9,7 @@ pub mod model;
 pub mod placement;
 pub mod reactor;
 pub mod regions;
+pub mod snapshot;
 #[cfg(test)]
 pub mod testkit;
 #[cfg(test)]
@@ -18,3 +19,20 @@ pub mod views;
 
 /// Milliseconds since the Unix epoch.
 pub type Millis = u64;
+
+/// Serde for a float that may be NaN: JSON has no NaN, so it is stored as null and read back as NaN.
+pub(crate) mod nan_as_null {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(x: &f64, s: S) -> Result<S::Ok, S::Error> {
+        if x.is_nan() {
+            s.serialize_none()
+        } else {
+            s.serialize_f64(*x)
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+    }
+}

@@ -11,7 +11,7 @@ use meridian_federation::{
 /// One device as the broker counts it: what the agent last reported in use, and what the broker has itself
 /// assigned. The free share is the smaller of what both allow, so neither a late advert nor a fresh
 /// reservation can make the broker over-commit.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Device {
     pub index: u32,
     pub healthy: bool,
@@ -29,7 +29,7 @@ impl Device {
 }
 
 /// A pool of identical accelerators at a site.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Pool {
     pub name: String,
     pub kind: AcceleratorKind,
@@ -91,7 +91,7 @@ impl Pool {
 }
 
 /// A site as the broker knows it.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Site {
     pub info: SiteInfo,
     pub pools: Vec<Pool>,
@@ -224,7 +224,7 @@ impl Site {
 }
 
 /// Where a job's current attempt runs.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Assignment {
     pub site: SiteId,
     pub pool: String,
@@ -233,7 +233,7 @@ pub struct Assignment {
 }
 
 /// A job as the broker records it.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Job {
     pub id: JobId,
     pub spec: JobSpec,

@@ -125,14 +125,15 @@ impl Baseline {
 }
 
 /// The score terms of one candidate.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Terms {
     pub cost_micro_usd: u64,
     pub energy_wh: u64,
     pub co2_g: u64,
     pub latency_ms: f64,
     pub data_bytes_moved: u64,
-    /// Weighted normalised score (lower is better); NaN until normalised.
+    /// Weighted normalised score (lower is better); NaN until normalised (stored as null).
+    #[serde(with = "super::nan_as_null")]
     pub score: f64,
 }
 
@@ -149,7 +150,7 @@ impl Terms {
 }
 
 /// Why a candidate was not chosen.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Reject {
     SiteLost,
     Draining,
@@ -257,7 +258,7 @@ impl fmt::Display for Reject {
 }
 
 /// One candidate of a decision.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Candidate {
     pub site: SiteId,
     pub tier: Tier,
@@ -267,7 +268,7 @@ pub struct Candidate {
 }
 
 /// The chosen site, pool and devices.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Choice {
     pub site: SiteId,
     pub pool: String,
@@ -277,7 +278,7 @@ pub struct Choice {
 }
 
 /// Why a job waits.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Wait {
     /// No site could ever take the job as it stands; the nearest miss is named.
     NoSiteFits {
@@ -339,17 +340,17 @@ impl fmt::Display for Wait {
     }
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Outcome {
     Place(Choice),
     Wait(Wait),
 }
 
 /// A placement decision with its explanation.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Decision {
     pub at_ms: Millis,
-    pub policy: &'static str,
+    pub policy: std::borrow::Cow<'static, str>,
     pub weights: Weights,
     pub outcome: Outcome,
     pub candidates: Vec<Candidate>,
@@ -745,7 +746,7 @@ fn place_over<'s>(
     if let Some(at_ms) = spec.window.start_after_ms.filter(|t| *t > now) {
         return Decision {
             at_ms: now,
-            policy: req.baseline.map_or(policy.name(), Baseline::name),
+            policy: req.baseline.map_or(policy.name(), Baseline::name).into(),
             weights: weights(&policy),
             outcome: Outcome::Wait(Wait::NotBefore { at_ms }),
             candidates: Vec::new(),
@@ -861,7 +862,7 @@ fn place_over<'s>(
         };
         return Decision {
             at_ms: now,
-            policy: req.baseline.map_or(policy.name(), Baseline::name),
+            policy: req.baseline.map_or(policy.name(), Baseline::name).into(),
             weights: w,
             outcome: Outcome::Wait(wait),
             candidates,
@@ -941,7 +942,7 @@ fn place_over<'s>(
     if let Some(wait) = deferral {
         return Decision {
             at_ms: now,
-            policy: policy.name(),
+            policy: policy.name().into(),
             weights: w,
             outcome: Outcome::Wait(wait),
             candidates,
@@ -964,7 +965,7 @@ fn place_over<'s>(
     };
     Decision {
         at_ms: now,
-        policy: req.baseline.map_or(policy.name(), Baseline::name),
+        policy: req.baseline.map_or(policy.name(), Baseline::name).into(),
         weights: w,
         outcome,
         candidates,

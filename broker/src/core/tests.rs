@@ -714,6 +714,51 @@ fn replaying_the_journal_rebuilds_the_same_state() {
     assert_eq!(fresh.state.sites, env.reactor.state.sites);
 }
 
+#[test]
+fn a_snapshot_plus_the_records_after_it_rebuilds_the_same_state_from_any_point() {
+    let mut env = TestEnv::new(trio());
+    for i in 0..6 {
+        env.submit(job(&format!("k{i}"), 3));
+    }
+    let offers = env.take_offers();
+    env.answer(&offers[0], OfferOutcome::Accepted);
+    env.answer(
+        &offers[1],
+        OfferOutcome::Rejected {
+            reason: "no".into(),
+        },
+    );
+    env.status(&offers[0], AttemptState::Succeeded { exit_code: 0 }, 1000);
+    env.advance(20_000);
+    let records = &env.reactor.journal().records;
+    let fresh = || {
+        super::reactor::Reactor::new(
+            env.reactor.config.clone(),
+            RttTable::default(),
+            regions(),
+            super::journal::MemoryJournal::default(),
+        )
+    };
+    let mut whole = fresh();
+    whole.replay(records);
+    let want = whole.state.snapshot(records.len() as u64, 0);
+    for cut in 0..=records.len() {
+        let mut before = fresh();
+        before.replay(&records[..cut]);
+        let json = serde_json::to_vec(&before.state.snapshot(cut as u64, 0)).unwrap();
+        let snap: super::snapshot::Snapshot = serde_json::from_slice(&json).unwrap();
+        let mut after = fresh();
+        after.restore(snap);
+        after.replay(&records[cut..]);
+        assert_eq!(
+            after.state.snapshot(records.len() as u64, 0),
+            want,
+            "restored at record {cut}"
+        );
+        after.sanity_check().unwrap();
+    }
+}
+
 // ------------------------------------------------------------------------------------------------------------
 // Oracle: the placer never breaks a hard constraint, respects the tier order, and under the cost policy never
 // loses to a brute-force scan of every site on its own objective.

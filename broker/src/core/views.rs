@@ -138,7 +138,7 @@ pub fn explain_view(job: &Job) -> ExplainView {
         .unwrap_or_default();
     let (policy, decided_at_ms, candidates) = match &job.decision {
         Some(d) => (
-            d.policy.to_owned(),
+            d.policy.to_string(),
             Some(d.at_ms),
             d.candidates
                 .iter()

@@ -1,115 +1,350 @@
-//! The durable journal: broker events in a JetStream stream. The reactor appends to a buffer; after each step
-//! the shell stores the step's records here and waits for JetStream's acknowledgement before it sends the
-//! step's messages or answers the caller. At start the broker replays the stream to rebuild its state.
-//! If a record cannot be stored the broker stops (state in memory would be ahead of the journal); a restart
-//! replays what was stored.
+//! The durable journal: broker events in a JetStream stream, and snapshots of broker state in a JetStream
+//! object store.
+//!
+//! The reactor appends to a buffer; the shell stores what a batch of steps appended as one message (a
+//! [`Batch`]; group commit) and waits for JetStream's acknowledgement before it sends the steps' messages or
+//! answers their callers. Every append is fenced: it carries the stream sequence this broker last saw
+//! (`Nats-Expected-Last-Sequence`), so a broker that lost its lease and wakes up cannot append after the new
+//! active broker has; its append is refused ([`StoreError::Fenced`]) and it steps down.
+//!
+//! At start the broker loads the latest snapshot and replays only the batches stored after it; snapshots are
+//! written in the background every [`SNAPSHOT_EVERY`] records, so recovery time follows the live state, not
+//! the length of history. The stream itself is kept whole: it is the record of what happened.
 
 use crate::core::journal::Record;
+use crate::core::snapshot::Snapshot;
 use anyhow::Context;
+use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::message::PublishMessage;
-use async_nats::jetstream::{self, consumer, stream};
+use async_nats::jetstream::{self, consumer, object_store, stream};
 use bytes::Bytes;
 use futures::StreamExt;
 use meridian_federation::subjects;
+use tokio::io::AsyncReadExt;
 
-pub struct JetStreamJournal {
-    js: jetstream::Context,
-    stream: stream::Stream,
-    /// Message ids `<instance>-<n>` let JetStream drop the duplicate when an append is retried.
-    instance: String,
-    next: u64,
+/// One journal message: the records of a batch of steps, and who wrote it. A batch without records marks a
+/// broker's takeover.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct Batch {
+    /// The writing broker's instance name.
+    pub leader: String,
+    /// The writer's batch number (with `leader`, identifies a retried append).
+    pub n: u64,
+    pub records: Vec<Record>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Another broker appended since this one last did: this one is no longer the active broker.
+    #[error("the journal was appended to by another broker (expected last sequence {expected}, found {found}): this broker is no longer active")]
+    Fenced { expected: u64, found: u64 },
+    #[error("the journal did not take an append for 30 s: {0}")]
+    Unavailable(String),
+}
+
+/// What the journal holds at start.
+pub struct Recovered {
+    pub snapshot: Option<Snapshot>,
+    /// Records stored after the snapshot (all of them without one), oldest first.
+    pub records: Vec<Record>,
+    /// Batches read.
+    pub batches: u64,
 }
 
 /// How long an append is retried (through a NATS restart, say) before the broker stops.
 const STORE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
+/// A batch's message stays well below NATS's default 1 MiB payload limit; larger batches are split.
+const MAX_MESSAGE: usize = 768 * 1024;
+/// Records between snapshots.
+pub const SNAPSHOT_EVERY: u64 = 20_000;
+const SNAPSHOT_BUCKET: &str = "MERIDIAN_SNAPSHOTS";
+const SNAPSHOT_OBJECT: &str = "broker-state";
+
+pub struct JetStreamJournal {
+    js: jetstream::Context,
+    stream: stream::Stream,
+    instance: String,
+    next_batch: u64,
+    /// Sequence of the last message in the stream as this broker knows it: its next append must follow it.
+    last_seq: u64,
+    /// Records stored since the last snapshot was taken.
+    since_snapshot: u64,
+    snapshots: tokio::sync::watch::Sender<Option<Bytes>>,
+}
 
 impl JetStreamJournal {
-    /// Opens (or creates) the journal stream.
-    pub async fn open(client: async_nats::Client) -> anyhow::Result<Self> {
+    /// Opens (or creates) the journal stream and the snapshot store. `replicas` is the number of copies
+    /// JetStream keeps (1 on a single server, 3 on a cluster).
+    pub async fn open(
+        client: async_nats::Client,
+        instance: String,
+        replicas: usize,
+    ) -> anyhow::Result<Self> {
         let js = jetstream::new(client);
         let stream = js
             .get_or_create_stream(stream::Config {
                 name: subjects::JOURNAL_STREAM.to_owned(),
                 subjects: vec![subjects::JOURNAL.to_owned()],
                 storage: stream::StorageType::File,
+                num_replicas: replicas,
                 ..Default::default()
             })
             .await
             .context("opening the journal stream (is JetStream enabled on the NATS server?)")?;
-        let instance = format!("{}-{}", std::process::id(), crate::service::now_ms());
+        let store = match js.get_object_store(SNAPSHOT_BUCKET).await {
+            Ok(s) => s,
+            Err(_) => js
+                .create_object_store(object_store::Config {
+                    bucket: SNAPSHOT_BUCKET.to_owned(),
+                    storage: stream::StorageType::File,
+                    num_replicas: replicas,
+                    ..Default::default()
+                })
+                .await
+                .context("creating the snapshot store")?,
+        };
+        let (tx, rx) = tokio::sync::watch::channel(None);
+        tokio::spawn(upload_snapshots(store, rx));
         Ok(JetStreamJournal {
             js,
             stream,
             instance,
-            next: 0,
+            next_batch: 0,
+            last_seq: 0,
+            since_snapshot: 0,
+            snapshots: tx,
         })
     }
 
-    /// Every stored record, oldest first.
-    pub async fn load(&self) -> anyhow::Result<Vec<Record>> {
-        let info = self
-            .stream
-            .get_info()
+    pub fn last_seq(&self) -> u64 {
+        self.last_seq
+    }
+
+    /// Loads the latest snapshot and the records stored after it. A snapshot that cannot be read is reported
+    /// and ignored: the whole journal is replayed instead.
+    pub async fn recover(&mut self) -> anyhow::Result<Recovered> {
+        let snapshot = match self.load_snapshot().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!("ignoring the snapshot ({e:#}); replaying the whole journal");
+                None
+            }
+        };
+        let from = snapshot.as_ref().map_or(0, |s| s.journal_seq);
+        let (records, batches, last) = self.read_after(from).await?;
+        self.last_seq = last.max(from);
+        Ok(Recovered {
+            snapshot,
+            records,
+            batches,
+        })
+    }
+
+    async fn load_snapshot(&self) -> anyhow::Result<Option<Snapshot>> {
+        let store = self.js.get_object_store(SNAPSHOT_BUCKET).await?;
+        let mut object = match store.get(SNAPSHOT_OBJECT).await {
+            Ok(o) => o,
+            Err(e) if e.kind() == object_store::GetErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e).context("reading the snapshot"),
+        };
+        let mut bytes = Vec::new();
+        object
+            .read_to_end(&mut bytes)
             .await
-            .context("reading the journal's state")?;
-        let count = info.state.messages;
-        if count == 0 {
-            return Ok(Vec::new());
+            .context("reading the snapshot")?;
+        let snap: Snapshot =
+            serde_json::from_slice(&bytes).context("the snapshot is unreadable")?;
+        Ok(Some(snap))
+    }
+
+    /// Records of the batches after sequence `from`, up to the stream's end when the read began; the number of
+    /// batches and the last sequence read.
+    async fn read_after(&self, from: u64) -> anyhow::Result<(Vec<Record>, u64, u64)> {
+        let mut stream = self.stream.clone();
+        let info = stream.info().await.context("reading the journal's state")?;
+        let end = info.state.last_sequence;
+        if end <= from {
+            return Ok((Vec::new(), 0, end));
         }
         let consumer = self
             .stream
             .create_consumer(consumer::pull::OrderedConfig {
-                deliver_policy: consumer::DeliverPolicy::All,
+                deliver_policy: consumer::DeliverPolicy::ByStartSequence {
+                    start_sequence: from + 1,
+                },
                 ..Default::default()
             })
             .await
             .context("reading the journal")?;
         let mut messages = consumer.messages().await.context("reading the journal")?;
-        let mut out = Vec::with_capacity(count as usize);
-        while (out.len() as u64) < count {
+        let mut out = Vec::new();
+        let mut batches = 0;
+        let mut last = from;
+        while last < end {
             let Some(m) = messages.next().await else {
                 break;
             };
             let m = m.context("reading the journal")?;
-            let record: Record = serde_json::from_slice(&m.payload)
-                .with_context(|| format!("journal record {} is unreadable", out.len() + 1))?;
-            out.push(record);
+            let seq = m
+                .info()
+                .map_err(|e| anyhow::anyhow!("{e}"))?
+                .stream_sequence;
+            let batch: Batch = serde_json::from_slice(&m.payload)
+                .with_context(|| format!("journal message {seq} is unreadable"))?;
+            out.extend(batch.records);
+            batches += 1;
+            last = seq;
         }
-        Ok(out)
+        Ok((out, batches, last))
     }
 
-    /// Stores records in order, each acknowledged by JetStream before the next. An append that fails is
-    /// retried with the same message id (so it is stored once) for up to [`STORE_PATIENCE`].
-    pub async fn store(&mut self, records: Vec<Record>) -> anyhow::Result<()> {
-        for r in records {
-            let body = Bytes::from(serde_json::to_vec(&r)?);
-            self.next += 1;
-            let id = format!("{}-{}", self.instance, self.next);
-            let deadline = tokio::time::Instant::now() + STORE_PATIENCE;
-            let mut pause = std::time::Duration::from_millis(50);
-            loop {
-                let attempt = async {
-                    let msg = PublishMessage::build()
-                        .payload(body.clone())
-                        .message_id(&id);
-                    self.js.send_publish(subjects::JOURNAL, msg).await?.await?;
-                    Ok::<(), async_nats::Error>(())
-                };
-                match attempt.await {
-                    Ok(()) => break,
-                    Err(e) if tokio::time::Instant::now() < deadline => {
-                        tracing::warn!("journal append failed ({e}); retrying");
-                        tokio::time::sleep(pause).await;
-                        pause = (pause * 2).min(std::time::Duration::from_secs(1));
-                    }
-                    Err(e) => {
-                        return Err(anyhow::anyhow!(
-                            "the journal did not take an append for 30 s: {e}"
-                        ))
-                    }
+    /// Appends an empty batch to fence out any earlier active broker. If another broker appended since this one
+    /// recovered, the records it appended are returned (to be replayed) and the marker is tried again.
+    pub async fn take_over(&mut self) -> anyhow::Result<Vec<Record>> {
+        let mut late = Vec::new();
+        loop {
+            match self.append(Vec::new()).await {
+                Ok(()) => return Ok(late),
+                Err(StoreError::Fenced { .. }) => {
+                    let (records, _, last) = self.read_after(self.last_seq).await?;
+                    late.extend(records);
+                    self.last_seq = last;
                 }
+                Err(e) => return Err(e.into()),
             }
         }
+    }
+
+    /// Stores the records of a batch of steps (split into messages below the payload limit), each message
+    /// acknowledged by JetStream before the next.
+    pub async fn store(&mut self, records: Vec<Record>) -> Result<(), StoreError> {
+        let n = records.len() as u64;
+        let mut chunk = Vec::new();
+        let mut size = 0;
+        for r in records {
+            let len = serde_json::to_vec(&r).map_or(0, |v| v.len());
+            if !chunk.is_empty() && size + len > MAX_MESSAGE {
+                self.append(std::mem::take(&mut chunk)).await?;
+                size = 0;
+            }
+            size += len;
+            chunk.push(r);
+        }
+        if !chunk.is_empty() {
+            self.append(chunk).await?;
+        }
+        self.since_snapshot += n;
         Ok(())
+    }
+
+    /// Whether enough records were stored since the last snapshot that another is due.
+    pub fn snapshot_due(&self) -> bool {
+        self.since_snapshot >= SNAPSHOT_EVERY
+    }
+
+    /// Hands a snapshot (taken right after a store, so it includes everything up to [`Self::last_seq`]) to the
+    /// background uploader; only the newest waiting one is written.
+    pub fn save_snapshot(&mut self, snap: &Snapshot) {
+        match serde_json::to_vec(snap) {
+            Ok(bytes) => {
+                self.since_snapshot = 0;
+                let _ = self.snapshots.send(Some(Bytes::from(bytes)));
+            }
+            Err(e) => tracing::error!("could not encode a snapshot: {e}"),
+        }
+    }
+
+    /// One fenced message, retried with the same content for up to [`STORE_PATIENCE`].
+    async fn append(&mut self, records: Vec<Record>) -> Result<(), StoreError> {
+        self.next_batch += 1;
+        let batch = Batch {
+            leader: self.instance.clone(),
+            n: self.next_batch,
+            records,
+        };
+        let body = Bytes::from(
+            serde_json::to_vec(&batch).map_err(|e| StoreError::Unavailable(e.to_string()))?,
+        );
+        let deadline = tokio::time::Instant::now() + STORE_PATIENCE;
+        let mut pause = std::time::Duration::from_millis(50);
+        loop {
+            let msg = PublishMessage::build()
+                .payload(body.clone())
+                .expected_last_sequence(self.last_seq);
+            let attempt = async {
+                let ack = self.js.send_publish(subjects::JOURNAL, msg).await?.await?;
+                Ok::<u64, async_nats::jetstream::context::PublishError>(ack.sequence)
+            };
+            let err = match attempt.await {
+                Ok(seq) => {
+                    self.last_seq = seq;
+                    return Ok(());
+                }
+                Err(e) => e,
+            };
+            if err.kind() == PublishErrorKind::WrongLastSequence {
+                // Either another broker appended, or an earlier try of this very batch was stored and only
+                // its acknowledgement was lost.
+                match self.last_message().await {
+                    Ok((seq, Some((leader, n)))) if leader == batch.leader && n == batch.n => {
+                        self.last_seq = seq;
+                        return Ok(());
+                    }
+                    Ok((found, _)) => {
+                        return Err(StoreError::Fenced {
+                            expected: self.last_seq,
+                            found,
+                        })
+                    }
+                    Err(e) => tracing::warn!("reading the journal's last message: {e:#}"),
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(StoreError::Unavailable(err.to_string()));
+            }
+            tracing::warn!("journal append failed ({err}); retrying");
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(std::time::Duration::from_secs(1));
+        }
+    }
+
+    /// The stream's last message: its sequence and writer.
+    async fn last_message(&self) -> anyhow::Result<(u64, Option<(String, u64)>)> {
+        let m = self
+            .stream
+            .get_last_raw_message_by_subject(subjects::JOURNAL)
+            .await?;
+        #[derive(serde::Deserialize)]
+        struct Head {
+            leader: String,
+            n: u64,
+        }
+        let head = serde_json::from_slice::<Head>(&m.payload)
+            .ok()
+            .map(|h| (h.leader, h.n));
+        Ok((m.sequence, head))
+    }
+}
+
+/// Writes the newest snapshot handed over, one at a time, so an older one never replaces a newer one.
+async fn upload_snapshots(
+    store: object_store::ObjectStore,
+    mut rx: tokio::sync::watch::Receiver<Option<Bytes>>,
+) {
+    while rx.changed().await.is_ok() {
+        let Some(bytes) = rx.borrow_and_update().clone() else {
+            continue;
+        };
+        let started = tokio::time::Instant::now();
+        match store.put(SNAPSHOT_OBJECT, &mut bytes.as_ref()).await {
+            Ok(_) => tracing::info!(
+                "snapshot stored: {} KiB in {} ms",
+                bytes.len() / 1024,
+                started.elapsed().as_millis()
+            ),
+            Err(e) => {
+                tracing::warn!("could not store a snapshot (the next one will be tried): {e}")
+            }
+        }
     }
 }

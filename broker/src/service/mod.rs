@@ -5,6 +5,7 @@
 pub mod api;
 pub mod http;
 pub mod journal;
+pub mod lease;
 
 use crate::core::journal::BufferJournal;
 use crate::core::latency::RttTable;
@@ -53,6 +54,15 @@ pub struct BrokerConfig {
     /// Relative-throughput table of accelerator models (TOML, see configs/throughput.toml).
     #[arg(long)]
     pub throughput: Option<PathBuf>,
+    /// Name of this broker in the lease and the journal (default: host name and process id).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Copies JetStream keeps of the journal, snapshots and lease: 1 on one server, 3 on a cluster.
+    #[arg(long, default_value_t = 1)]
+    pub replicas: usize,
+    /// A standby takes over when the active broker has not renewed its lease for this long, ms.
+    #[arg(long, default_value_t = 3_000)]
+    pub lease_ms: u64,
 }
 
 fn parse_region(s: &str) -> Result<(String, PathBuf), String> {
@@ -181,19 +191,42 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
         .with_context(|| format!("connecting to {}", cfg.nats))?;
     tracing::info!("connected to {}", cfg.nats);
 
-    let journal = journal::JetStreamJournal::open(client.clone()).await?;
+    let name = cfg.name.clone().unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        format!("{}-{}", host.trim(), std::process::id())
+    });
+    let holder = lease::Holder {
+        broker: name.clone(),
+        http: cfg.http.clone(),
+        lease_ms: cfg.lease_ms.max(100),
+    };
+    let mut lease = lease::Lease::acquire(client.clone(), &holder, cfg.replicas).await?;
+    tracing::info!("broker {name} is active");
+
     let started = std::time::Instant::now();
-    let records = journal.load().await?;
-    reactor.replay(&records);
+    let instance = format!("{name}-{}", now_ms());
+    let mut journal =
+        journal::JetStreamJournal::open(client.clone(), instance, cfg.replicas).await?;
+    let recovered = journal.recover().await?;
+    let from_snapshot = recovered.snapshot.is_some();
+    if let Some(snap) = recovered.snapshot {
+        reactor.restore(snap);
+    }
+    reactor.replay(&recovered.records);
+    // Fence out the broker that was active before, and replay what it wrote after the read above.
+    let late = journal.take_over().await?;
+    reactor.replay(&late);
     reactor.resume(now_ms());
     tracing::info!(
-        "recovered {} jobs and {} sites from {} journal records in {} ms",
+        "recovered {} jobs and {} sites from {}{} journal records ({} batches) in {} ms",
         reactor.state.jobs.len(),
         reactor.state.sites.len(),
-        records.len(),
+        if from_snapshot { "a snapshot and " } else { "" },
+        recovered.records.len() + late.len(),
+        recovered.batches,
         started.elapsed().as_millis()
     );
-    drop(records);
+    drop(recovered.records);
 
     let (tx, rx) = mpsc::unbounded_channel();
     let handle = BrokerHandle {
@@ -242,12 +275,26 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
         .await?;
 
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = sigterm.recv() => {}
-        r = reactor_task => { r??; }
+    let mut renew = tokio::time::interval(lease.lease / 3);
+    let mut reactor_task = reactor_task;
+    loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => break,
+            _ = sigterm.recv() => break,
+            r = &mut reactor_task => {
+                r??;
+                break;
+            }
+            _ = renew.tick() => {
+                if let Err(e) = lease.renew().await {
+                    tracing::error!("stepping down: {e}");
+                    return Err(e.into());
+                }
+            }
+        }
     }
-    tracing::info!("broker stopping");
+    tracing::info!("broker stopping; handing the lease back");
+    lease.release().await;
     Ok(())
 }
 
@@ -322,6 +369,9 @@ fn same_site(
     Ok(())
 }
 
+/// Inputs taken together into one journal append (group commit).
+const MAX_BATCH: usize = 1024;
+
 async fn reactor_loop(
     mut reactor: Reactor<BufferJournal>,
     mut journal: journal::JetStreamJournal,
@@ -332,40 +382,57 @@ async fn reactor_loop(
 ) -> anyhow::Result<()> {
     let mut clock = tokio::time::interval(tick);
     clock.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut inputs = Vec::with_capacity(MAX_BATCH);
     loop {
-        let mut reply = None;
         tokio::select! {
-            input = rx.recv() => {
-                let Some(input) = input else { return Ok(()) };
-                match input {
-                    Input::Event(event, tx) => {
-                        let r = reactor.step(now_ms(), event);
-                        if let Err(e) = &r {
-                            tracing::debug!("step refused: {e}");
-                        }
-                        reply = tx.map(|tx| (tx, r));
-                    }
-                    Input::Query(q, tx) => {
-                        let _ = tx.send(answer(&reactor, q));
-                    }
-                }
-            }
-            _ = clock.tick() => {
-                if let Err(e) = reactor.step(now_ms(), Event::Tick) {
-                    tracing::error!("tick failed: {e}");
-                }
+            input = rx.recv() => match input {
+                Some(input) => inputs.push(input),
+                None => return Ok(()),
+            },
+            _ = clock.tick() => inputs.push(Input::Event(Event::Tick, None)),
+        }
+        while inputs.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(input) => inputs.push(input),
+                Err(_) => break,
             }
         }
-        // The step is stored before anything is said or sent because of it.
+        let now = now_ms();
+        let mut replies = Vec::new();
+        let mut answers = Vec::new();
+        for input in inputs.drain(..) {
+            match input {
+                Input::Event(event, tx) => {
+                    let tick = matches!(event, Event::Tick);
+                    let r = reactor.step(now, event);
+                    match (&r, tick) {
+                        (Err(e), true) => tracing::error!("tick failed: {e}"),
+                        (Err(e), false) => tracing::debug!("step refused: {e}"),
+                        _ => {}
+                    }
+                    if let Some(tx) = tx {
+                        replies.push((tx, r));
+                    }
+                }
+                Input::Query(q, tx) => answers.push((tx, answer(&reactor, q))),
+            }
+        }
+        // The steps are stored before anything is said or sent because of them.
         let records = reactor.journal_mut().take();
         if !records.is_empty() {
             if let Err(e) = journal.store(records).await {
-                tracing::error!("stopping: {e:#}");
-                return Err(e);
+                tracing::error!("stopping: {e}");
+                return Err(e.into());
+            }
+            if journal.snapshot_due() {
+                journal.save_snapshot(&reactor.state.snapshot(journal.last_seq(), now));
             }
         }
-        if let Some((tx, r)) = reply {
+        for (tx, r) in replies {
             let _ = tx.send(r);
+        }
+        for (tx, a) in answers {
+            let _ = tx.send(a);
         }
         for command in reactor.take_outbox() {
             send(&handle, command, offer_timeout);
