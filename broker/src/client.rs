@@ -18,7 +18,7 @@ impl Client {
             Duration::from_secs(5),
             async_nats::ConnectOptions::new()
                 .name("meridian client")
-                .connect(url),
+                .connect(meridian_federation::nats_servers(url)),
         )
         .await
         .with_context(|| format!("timed out connecting to {url}"))?

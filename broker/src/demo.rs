@@ -184,7 +184,7 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<bool> {
     let fed = tokio::task::block_in_place(|| {
         LocalFederation::start(&opts.federation, LocalOptions::default())
     })?;
-    let client = Client::connect(&fed.nats.url).await?;
+    let client = Client::connect(&fed.nats_url()).await?;
     let want = fed.site_ids().len();
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -207,7 +207,8 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<bool> {
     if !opts.json {
         println!(
             "Meridian demo: {want} sites up on {} (HTTP API {})",
-            fed.nats.url, fed.http
+            fed.nats_url(),
+            fed.http
         );
         println!(
             "Workload: {} batch jobs from {source}; {} inference services",

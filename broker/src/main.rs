@@ -3,7 +3,7 @@
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use meridian_broker::client::{read_job_file, Client};
-use meridian_broker::local::{LocalFederation, LocalOptions};
+use meridian_broker::local::{LocalFederation, LocalOptions, Topology};
 use meridian_broker::{demo, service};
 use meridian_federation::{JobId, SiteId};
 use serde::Serialize;
@@ -71,6 +71,13 @@ enum Cmd {
     Up {
         #[arg(default_value = "configs/federation-demo.toml")]
         federation: PathBuf,
+        /// `cluster`: three clustered nats-servers (JetStream replicas 3), edge sites on leaf nodes, and a
+        /// standby broker.
+        #[arg(long, value_enum, default_value_t = Topology::Single)]
+        topology: Topology,
+        /// Also start a standby broker (implied by `--topology cluster`).
+        #[arg(long)]
+        standby: bool,
     },
     /// Simulate a trace over a federation under each policy (and baselines), judged by an independent checker.
     Sim {
@@ -184,21 +191,47 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
     let out = cli.output;
     match cli.command {
         Cmd::Broker(cfg) => service::run(cfg).await.map(|_| true),
-        Cmd::Up { federation } => {
-            let fed = tokio::task::block_in_place(|| {
-                LocalFederation::start(&federation, LocalOptions::default())
-            })?;
+        Cmd::Up {
+            federation,
+            topology,
+            standby,
+        } => {
+            let opts = LocalOptions {
+                topology,
+                standby,
+                ..LocalOptions::default()
+            };
+            let fed = tokio::task::block_in_place(|| LocalFederation::start(&federation, opts))?;
+            let url = fed.nats_url();
+            println!("federation up: HTTP API {}", fed.http);
+            for (i, n) in fed.nats.nodes.iter().enumerate() {
+                println!("NATS node {}: {}", i + 1, n.url);
+            }
+            for (site, leaf) in &fed.nats.leaves {
+                println!("NATS leaf node for {site}: {}", leaf.url);
+            }
+            let names: Vec<&str> = fed.brokers.iter().map(|b| b.name.as_str()).collect();
             println!(
-                "federation up: NATS {}  HTTP API {}",
-                fed.nats.url, fed.http
+                "brokers: {} (the first is active{})",
+                names.join(", "),
+                if names.len() > 1 {
+                    ", the others stand by"
+                } else {
+                    ""
+                }
             );
             println!("sites: {}", fed.site_ids().join(", "));
             println!(
                 "logs and state in {}; Ctrl-C stops everything",
                 fed.dir.display()
             );
-            println!("try: meridian --nats {} sites", fed.nats.url);
-            tokio::signal::ctrl_c().await?;
+            println!("try: meridian --nats {url} sites");
+            let mut sigterm =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+            tokio::select! {
+                r = tokio::signal::ctrl_c() => r?,
+                _ = sigterm.recv() => {}
+            }
             tokio::task::block_in_place(|| drop(fed));
             Ok(true)
         }

@@ -224,7 +224,7 @@ impl Fed {
     /// Runs the `meridian` binary against this federation's NATS server.
     pub fn cli(&self, args: &[&str]) -> std::process::Output {
         std::process::Command::new(local::sibling_binary("meridian").expect("meridian built"))
-            .args(["--nats", &self.fed.nats.url])
+            .args(["--nats", &self.fed.nats_url()])
             .args(args)
             .output()
             .expect("run meridian")

@@ -332,7 +332,7 @@ fn the_run_survives_a_nats_restart() {
     );
     let id = f.submit(&job("through", 1, "sleep 4"));
     f.wait_phase(&id, "running", LONG);
-    f.fed.nats.restart().expect("nats restarts");
+    f.fed.nats.nodes[0].restart().expect("nats restarts");
     f.wait_phase(&id, "succeeded", Duration::from_secs(60));
     let after = f.submit(&job("after", 1, "true"));
     f.wait_phase(&after, "succeeded", LONG);
@@ -462,7 +462,7 @@ fn a_restarted_broker_loses_nothing() {
         "ran twice:\n{w}"
     );
     assert_eq!(f.job(&running)["attempt"], 1);
-    let log = std::fs::read_to_string(f.fed.dir.join("broker.log")).unwrap();
+    let log = f.fed.broker_logs();
     assert!(log.contains("recovered 3 jobs"), "{log}");
 }
 
@@ -480,11 +480,11 @@ fn status_updates_survive_an_outage_and_an_agent_restart() {
     );
     let id = f.submit(&job("through-outage", 1, "sleep 2"));
     f.wait_phase(&id, "running", LONG);
-    f.fed.nats.kill();
+    f.fed.nats.nodes[0].kill();
     // The job ends while nobody can hear about it; then the agent dies too.
     std::thread::sleep(Duration::from_secs(4));
     f.fed.kill_agent("edge");
-    f.fed.nats.restart().expect("nats restarts");
+    f.fed.nats.nodes[0].restart().expect("nats restarts");
     f.fed.restart_agent("edge").expect("agent restarts");
     let done = f.wait_phase(&id, "succeeded", Duration::from_secs(60));
     assert_eq!(done["attempt"], 1, "{done}");

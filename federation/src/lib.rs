@@ -20,3 +20,13 @@ pub use messages::*;
 
 /// The wire version this build speaks.
 pub const WIRE_VERSION: u32 = 1;
+
+/// NATS server URLs from a comma-separated list (`nats://a:4222,nats://b:4222`): a client given several
+/// fails over between them.
+pub fn nats_servers(list: &str) -> Vec<String> {
+    list.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
+}

@@ -132,7 +132,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
         .name(format!("meridian-agent {id}"))
         .retry_on_initial_connect()
         .max_reconnects(None)
-        .connect(&opts.nats_url)
+        .connect(meridian_federation::nats_servers(&opts.nats_url))
         .await
         .with_context(|| format!("connecting to {}", opts.nats_url))?;
     tracing::info!("site {id} connected to {}", opts.nats_url);

@@ -186,7 +186,7 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
         .name("meridian broker")
         .retry_on_initial_connect()
         .max_reconnects(None)
-        .connect(&cfg.nats)
+        .connect(meridian_federation::nats_servers(&cfg.nats))
         .await
         .with_context(|| format!("connecting to {}", cfg.nats))?;
     tracing::info!("connected to {}", cfg.nats);
@@ -200,7 +200,10 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
         http: cfg.http.clone(),
         lease_ms: cfg.lease_ms.max(100),
     };
-    let mut lease = lease::Lease::acquire(client.clone(), &holder, cfg.replicas).await?;
+    let mut lease = patiently("the lease", || {
+        lease::Lease::acquire(client.clone(), &holder, cfg.replicas)
+    })
+    .await?;
     tracing::info!("broker {name} is active");
 
     let started = std::time::Instant::now();
@@ -296,6 +299,26 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
     tracing::info!("broker stopping; handing the lease back");
     lease.release().await;
     Ok(())
+}
+
+/// Retries a start-up step for a minute: a NATS cluster that has just started may not have elected its
+/// JetStream leader yet.
+async fn patiently<T, F, Fut>(what: &str, mut f: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<T>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        match f().await {
+            Ok(t) => return Ok(t),
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                tracing::warn!("opening {what}: {e:#}; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(e.context(format!("opening {what}"))),
+        }
+    }
 }
 
 /// Subscribes to one topic of every site and turns each valid message into a reactor event. Invalid messages

@@ -1,0 +1,360 @@
+//! A local federation on loopback: NATS (one server, or a three-node cluster with a leaf node per edge site),
+//! the broker (and a standby), and one `meridian-agent` per site, each a real process in its own process group
+//! that is killed when dropped. `meridian up`, `meridian demo`, the benchmarks and the e2e tests all start
+//! federations through here.
+#![allow(clippy::disallowed_methods)] // a shell: reads the clock
+
+pub mod nats;
+pub mod process;
+
+use anyhow::{bail, Context};
+pub use nats::{Nats, NatsServer};
+pub use process::{find_nats_server, sibling_binary, workspace_root, Managed};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A federation file: the broker's settings and the sites to run. Paths are relative to the file.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FederationFile {
+    #[serde(default)]
+    pub broker: BrokerSection,
+    /// Site files.
+    pub sites: Vec<PathBuf>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BrokerSection {
+    /// Residency regions: name → GeoJSON file.
+    #[serde(default)]
+    pub regions: std::collections::BTreeMap<String, PathBuf>,
+    /// Measured round-trip table, relative to the data folder (used when present).
+    #[serde(default)]
+    pub rtt_table: Option<PathBuf>,
+    /// Relative-throughput table, relative to the federation file.
+    #[serde(default)]
+    pub throughput: Option<PathBuf>,
+    #[serde(default)]
+    pub site_lost_after_ms: Option<u64>,
+    #[serde(default)]
+    pub offer_timeout_ms: Option<u64>,
+}
+
+impl FederationFile {
+    pub fn load(path: &Path) -> anyhow::Result<(Self, PathBuf)> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let file: FederationFile =
+            toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        Ok((file, base))
+    }
+}
+
+/// How NATS is laid out.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Topology {
+    /// One nats-server with JetStream.
+    #[default]
+    Single,
+    /// Three clustered nats-servers (JetStream replicas 3); each edge site's agent talks to its own leaf node.
+    Cluster,
+}
+
+/// Options of a local federation beyond the file.
+#[derive(Clone, Debug)]
+pub struct LocalOptions {
+    /// Heartbeat period of the agents, ms.
+    pub heartbeat_ms: u64,
+    /// Extra arguments for the broker.
+    pub broker_args: Vec<String>,
+    /// Where logs and state go (a temporary folder when `None`).
+    pub dir: Option<PathBuf>,
+    pub topology: Topology,
+    /// Also start a standby broker (always with the cluster topology).
+    pub standby: bool,
+}
+
+impl Default for LocalOptions {
+    fn default() -> Self {
+        LocalOptions {
+            heartbeat_ms: 500,
+            broker_args: Vec::new(),
+            dir: None,
+            topology: Topology::Single,
+            standby: false,
+        }
+    }
+}
+
+/// One broker process slot: the first writes `broker.log` and `broker.addr`, the second `broker-2.*`.
+#[derive(Debug)]
+pub struct BrokerSlot {
+    pub name: String,
+    pub proc: Option<Managed>,
+    log: PathBuf,
+    addr: PathBuf,
+}
+
+/// A site's agent.
+#[derive(Debug)]
+pub struct AgentProc {
+    pub id: String,
+    pub file: PathBuf,
+    /// The NATS URL(s) it talks to: the cluster, or its own leaf node.
+    pub nats: String,
+    pub proc: Managed,
+}
+
+/// A running local federation.
+#[derive(Debug)]
+pub struct LocalFederation {
+    pub nats: Nats,
+    pub brokers: Vec<BrokerSlot>,
+    pub agents: Vec<AgentProc>,
+    /// The active broker's HTTP API.
+    pub http: String,
+    pub dir: PathBuf,
+    _tmp: Option<tempfile::TempDir>,
+    agent_bin: PathBuf,
+    heartbeat_ms: u64,
+    /// The broker's program and arguments (without name and address file), to start it again.
+    broker_cmd: (PathBuf, Vec<std::ffi::OsString>),
+}
+
+impl LocalFederation {
+    pub fn start(file: &Path, opts: LocalOptions) -> anyhow::Result<Self> {
+        let (fed, base) = FederationFile::load(file)?;
+        let (tmp, dir) = match &opts.dir {
+            Some(d) => {
+                std::fs::create_dir_all(d)?;
+                (None, d.clone())
+            }
+            None => {
+                let t = tempfile::Builder::new().prefix("meridian-").tempdir()?;
+                let d = t.path().to_path_buf();
+                (Some(t), d)
+            }
+        };
+        let nats = match opts.topology {
+            Topology::Single => Nats::single(&dir.join("nats"))?,
+            Topology::Cluster => Nats::cluster(&dir.join("nats"))?,
+        };
+        let meridian = std::env::current_exe()
+            .ok()
+            .filter(|p| p.file_name().is_some_and(|n| n == "meridian"))
+            .map(Ok)
+            .unwrap_or_else(|| sibling_binary("meridian"))?;
+        let agent_bin = sibling_binary("meridian-agent")?;
+        let mut args: Vec<std::ffi::OsString> =
+            vec!["broker".into(), "--nats".into(), nats.urls().into()];
+        args.extend(["--http".into(), "127.0.0.1:0".into()]);
+        args.extend(["--replicas".into(), nats.replicas().to_string().into()]);
+        for (name, path) in &fed.broker.regions {
+            args.push("--region".into());
+            args.push(format!("{name}={}", base.join(path).display()).into());
+        }
+        if let Some(rtt) = &fed.broker.rtt_table {
+            if let Some(p) = crate::data::data_file(rtt)? {
+                args.extend(["--rtt-table".into(), p.into_os_string()]);
+            }
+        }
+        if let Some(t) = &fed.broker.throughput {
+            args.extend(["--throughput".into(), base.join(t).into_os_string()]);
+        }
+        if let Some(ms) = fed.broker.site_lost_after_ms {
+            args.extend(["--site-lost-after-ms".into(), ms.to_string().into()]);
+        }
+        if let Some(ms) = fed.broker.offer_timeout_ms {
+            args.extend(["--offer-timeout-ms".into(), ms.to_string().into()]);
+        }
+        args.extend(opts.broker_args.iter().map(Into::into));
+        let standby = opts.standby || opts.topology == Topology::Cluster;
+        let brokers = (1..=if standby { 2 } else { 1 })
+            .map(|n| {
+                let stem = if n == 1 {
+                    "broker".to_owned()
+                } else {
+                    format!("broker-{n}")
+                };
+                BrokerSlot {
+                    name: format!("broker-{n}"),
+                    proc: None,
+                    log: dir.join(format!("{stem}.log")),
+                    addr: dir.join(format!("{stem}.addr")),
+                }
+            })
+            .collect();
+        let mut this = LocalFederation {
+            nats,
+            brokers,
+            agents: Vec::new(),
+            http: String::new(),
+            dir: dir.clone(),
+            _tmp: tmp,
+            agent_bin,
+            heartbeat_ms: opts.heartbeat_ms,
+            broker_cmd: (meridian, args),
+        };
+        this.start_broker(0)?;
+        this.http = this.wait_for_broker()?;
+        // The standby starts once the first is active, so the first is the one that starts active.
+        for slot in 1..this.brokers.len() {
+            this.start_broker(slot)?;
+        }
+        for site in &fed.sites {
+            let path = base.join(site);
+            let text = std::fs::read_to_string(&path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            let table = toml::from_str::<toml::Table>(&text)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            let id = table
+                .get("id")
+                .and_then(|v| v.as_str())
+                .map(str::to_owned)
+                .with_context(|| format!("{}: no site id", path.display()))?;
+            let edge = table.get("kind").and_then(|v| v.as_str()) == Some("edge");
+            let url = if edge && this.nats.is_cluster() {
+                this.nats.add_leaf(&id)?
+            } else {
+                this.nats.urls()
+            };
+            let proc = this.spawn_agent(&id, &path, &url)?;
+            this.agents.push(AgentProc {
+                id,
+                file: path,
+                nats: url,
+                proc,
+            });
+        }
+        Ok(this)
+    }
+
+    /// The URL(s) clients use.
+    pub fn nats_url(&self) -> String {
+        self.nats.urls()
+    }
+
+    /// Starts the broker of a slot (it becomes active or waits as a standby).
+    pub fn start_broker(&mut self, slot: usize) -> anyhow::Result<()> {
+        let b = &mut self.brokers[slot];
+        let _ = std::fs::remove_file(&b.addr);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&b.log)?;
+        b.proc = Some(Managed::spawn(
+            &b.name,
+            Command::new(&self.broker_cmd.0)
+                .args(&self.broker_cmd.1)
+                .args(["--name", &b.name])
+                .arg("--http-addr-file")
+                .arg(&b.addr)
+                .stdout(Stdio::from(log.try_clone()?))
+                .stderr(Stdio::from(log)),
+        )?);
+        Ok(())
+    }
+
+    /// The slot of the broker that is active now (alive, and has opened its HTTP API).
+    pub fn active_broker(&mut self) -> Option<usize> {
+        self.brokers
+            .iter_mut()
+            .position(|b| b.addr.exists() && b.proc.as_mut().is_some_and(Managed::alive))
+    }
+
+    /// Kills a broker with SIGKILL, as a crash would.
+    pub fn kill_broker(&mut self, slot: usize) {
+        let b = &mut self.brokers[slot];
+        if let Some(mut p) = b.proc.take() {
+            p.kill9();
+        }
+        let _ = std::fs::remove_file(&b.addr);
+    }
+
+    /// Waits until a broker is active; returns its API's URL.
+    pub fn wait_for_broker(&mut self) -> anyhow::Result<String> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(slot) = self.active_broker() {
+                let addr = std::fs::read_to_string(&self.brokers[slot].addr)?;
+                self.http = format!("http://{}", addr.trim());
+                return Ok(self.http.clone());
+            }
+            let running = self
+                .brokers
+                .iter_mut()
+                .any(|b| b.proc.as_mut().is_some_and(Managed::alive));
+            if Instant::now() > deadline || !running {
+                bail!(
+                    "no broker became active; see {}",
+                    self.dir.join("broker.log").display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kills the active broker with SIGKILL, as a crash would, and starts it again with the same settings; it
+    /// (or the standby) recovers the state from the journal.
+    pub fn restart_broker(&mut self) -> anyhow::Result<()> {
+        let slot = self.active_broker().unwrap_or(0);
+        self.kill_broker(slot);
+        self.start_broker(slot)?;
+        self.wait_for_broker()?;
+        Ok(())
+    }
+
+    /// Every broker's log, concatenated.
+    pub fn broker_logs(&self) -> String {
+        self.brokers
+            .iter()
+            .map(|b| std::fs::read_to_string(&b.log).unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    fn spawn_agent(&self, id: &str, path: &Path, nats: &str) -> anyhow::Result<Managed> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("agent-{id}.log")))?;
+        Managed::spawn(
+            &format!("agent {id}"),
+            Command::new(&self.agent_bin)
+                .arg("--config")
+                .arg(path)
+                .args(["--nats", nats])
+                .arg("--work-dir")
+                .arg(self.dir.join("agents").join(id))
+                .env("MERIDIAN_HEARTBEAT_MS", self.heartbeat_ms.to_string())
+                .stdout(Stdio::from(log.try_clone()?))
+                .stderr(Stdio::from(log)),
+        )
+    }
+
+    /// Kills an agent with SIGKILL, as a crash would.
+    pub fn kill_agent(&mut self, id: &str) {
+        if let Some(a) = self.agents.iter_mut().find(|a| a.id == id) {
+            a.proc.kill9();
+        }
+    }
+
+    /// Starts a killed agent again with the same site file, NATS server and work folder.
+    pub fn restart_agent(&mut self, id: &str) -> anyhow::Result<()> {
+        let Some(i) = self.agents.iter().position(|a| a.id == id) else {
+            bail!("no site {id}");
+        };
+        let a = &self.agents[i];
+        let proc = self.spawn_agent(id, &a.file.clone(), &a.nats.clone())?;
+        self.agents[i].proc = proc;
+        Ok(())
+    }
+
+    pub fn site_ids(&self) -> Vec<String> {
+        self.agents.iter().map(|a| a.id.clone()).collect()
+    }
+}
