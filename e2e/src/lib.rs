@@ -113,6 +113,11 @@ impl Fed {
 
     /// Writes a federation of generated sites into a scratch folder and starts it.
     pub fn generated(sites: &[SiteSpec<'_>], broker: &str) -> Fed {
+        Self::generated_with(sites, broker, LocalOptions::default())
+    }
+
+    /// Like [`Fed::generated`], with options for the local federation.
+    pub fn generated_with(sites: &[SiteSpec<'_>], broker: &str, opts: LocalOptions) -> Fed {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut names = Vec::new();
         for s in sites {
@@ -128,7 +133,7 @@ impl Fed {
         );
         let path = dir.path().join("federation.toml");
         std::fs::write(&path, fed).expect("write federation");
-        let mut f = Self::start(&path);
+        let mut f = Self::start_with(&path, opts);
         // Keep the generated files for as long as the federation runs.
         let scratch = std::mem::replace(&mut f.scratch, dir);
         drop(scratch);

@@ -8,7 +8,7 @@
 //! active broker has; its append is refused ([`StoreError::Fenced`]) and it steps down.
 //!
 //! At start the broker loads the latest snapshot and replays only the batches stored after it; snapshots are
-//! written in the background every [`SNAPSHOT_EVERY`] records, so recovery time follows the live state, not
+//! written in the background every `snapshot_every` records, so recovery time follows the live state, not
 //! the length of history. The stream itself is kept whole: it is the record of what happened.
 
 use crate::core::journal::Record;
@@ -69,6 +69,8 @@ pub struct JetStreamJournal {
     last_seq: u64,
     /// Records stored since the last snapshot was taken.
     since_snapshot: u64,
+    /// Records between snapshots.
+    pub snapshot_every: u64,
     snapshots: tokio::sync::watch::Sender<Option<Bytes>>,
 }
 
@@ -112,6 +114,7 @@ impl JetStreamJournal {
             next_batch: 0,
             last_seq: 0,
             since_snapshot: 0,
+            snapshot_every: SNAPSHOT_EVERY,
             snapshots: tx,
         })
     }
@@ -239,7 +242,7 @@ impl JetStreamJournal {
 
     /// Whether enough records were stored since the last snapshot that another is due.
     pub fn snapshot_due(&self) -> bool {
-        self.since_snapshot >= SNAPSHOT_EVERY
+        self.since_snapshot >= self.snapshot_every
     }
 
     /// Hands a snapshot (taken right after a store, so it includes everything up to [`Self::last_seq`]) to the

@@ -63,6 +63,9 @@ pub struct BrokerConfig {
     /// A standby takes over when the active broker has not renewed its lease for this long, ms.
     #[arg(long, default_value_t = 3_000)]
     pub lease_ms: u64,
+    /// Journal records between snapshots of broker state.
+    #[arg(long, default_value_t = journal::SNAPSHOT_EVERY)]
+    pub snapshot_every: u64,
 }
 
 fn parse_region(s: &str) -> Result<(String, PathBuf), String> {
@@ -208,8 +211,11 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
 
     let started = std::time::Instant::now();
     let instance = format!("{name}-{}", now_ms());
-    let mut journal =
-        journal::JetStreamJournal::open(client.clone(), instance, cfg.replicas).await?;
+    let mut journal = patiently("the journal", || {
+        journal::JetStreamJournal::open(client.clone(), instance.clone(), cfg.replicas)
+    })
+    .await?;
+    journal.snapshot_every = cfg.snapshot_every.max(1);
     let recovered = journal.recover().await?;
     let from_snapshot = recovered.snapshot.is_some();
     if let Some(snap) = recovered.snapshot {
