@@ -21,6 +21,9 @@ struct Cli {
     /// Heartbeat period, ms; overrides the site file.
     #[arg(long, env = "MERIDIAN_HEARTBEAT_MS")]
     heartbeat_ms: Option<u64>,
+    /// How accepted jobs run: `process` (the default), or `noop` (accepted and reported running, nothing started).
+    #[arg(long, value_enum, env = "MERIDIAN_EXECUTOR", default_value_t = runtime::Executor::Process)]
+    executor: runtime::Executor,
     #[command(subcommand)]
     command: Option<Cmd>,
 }
@@ -101,14 +104,16 @@ fn main() -> anyhow::Result<()> {
                 .unwrap_or_else(|| {
                     std::env::temp_dir().join(format!("meridian-agent-{}", site.id))
                 });
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
+            // One thread: the agent's work is small and mostly waiting; a site with many agents on one host
+            // (or a benchmark with fifty) is not worth two threads each.
+            let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
             rt.block_on(runtime::run(runtime::AgentOptions {
                 site,
                 nats_url,
                 work_dir,
+                executor: cli.executor,
             }))
         }
     }

@@ -56,7 +56,21 @@ impl StatusOutbox {
 
     /// Drops the oldest update (the broker acknowledged it).
     pub fn pop(&mut self) -> std::io::Result<()> {
-        self.queue.pop_front();
+        self.pop_n(1)
+    }
+
+    /// The oldest `n` updates, oldest first.
+    pub fn head(&self, n: usize) -> Vec<JobStatus> {
+        self.queue.iter().take(n).cloned().collect()
+    }
+
+    /// Drops the oldest `n` updates (the broker acknowledged them), with one rewrite of the file.
+    pub fn pop_n(&mut self, n: usize) -> std::io::Result<()> {
+        let n = n.min(self.queue.len());
+        if n == 0 {
+            return Ok(());
+        }
+        self.queue.drain(..n);
         self.rewrite()
     }
 
@@ -122,5 +136,24 @@ mod tests {
         assert_eq!(again.front().unwrap().job.as_str(), "b");
         std::fs::write(&path, "garbage\n").unwrap();
         assert!(StatusOutbox::open(path).unwrap().is_empty());
+    }
+
+    #[test]
+    fn an_acknowledged_prefix_is_dropped_at_once_and_the_rest_kept_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("outbox.jsonl");
+        let mut o = StatusOutbox::open(path.clone()).unwrap();
+        for job in ["a", "b", "c", "d"] {
+            o.push(status(job, AttemptState::Running)).unwrap();
+        }
+        let head: Vec<String> = o.head(3).iter().map(|s| s.job.to_string()).collect();
+        assert_eq!(head, ["a", "b", "c"]);
+        o.pop_n(2).unwrap();
+        drop(o);
+        let mut again = StatusOutbox::open(path).unwrap();
+        let rest: Vec<String> = again.head(10).iter().map(|s| s.job.to_string()).collect();
+        assert_eq!(rest, ["c", "d"]);
+        again.pop_n(10).unwrap();
+        assert!(again.is_empty());
     }
 }

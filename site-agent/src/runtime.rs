@@ -21,12 +21,24 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::Notify;
 
+/// How accepted jobs are run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Executor {
+    /// Each job runs as a local process group under a shim.
+    #[default]
+    Process,
+    /// Jobs are accepted and reported running but nothing is started; they hold their devices until cancelled.
+    /// For dry runs of a federation and for measuring dispatch.
+    Noop,
+}
+
 /// What the command line decides.
 #[derive(Clone, Debug)]
 pub struct AgentOptions {
     pub site: SiteFile,
     pub nats_url: String,
     pub work_dir: PathBuf,
+    pub executor: Executor,
 }
 
 fn now_ms() -> u64 {
@@ -37,7 +49,8 @@ fn now_ms() -> u64 {
 }
 
 struct Proc {
-    handle: Running,
+    /// The job's process (none under the no-op executor).
+    handle: Option<Running>,
     started_ms: u64,
     cancel_reason: Option<String>,
     checkpoint_path: PathBuf,
@@ -48,6 +61,7 @@ struct Proc {
 
 struct Agent {
     core: AgentCore,
+    executor: Executor,
     client: async_nats::Client,
     work_dir: PathBuf,
     grace: Duration,
@@ -55,6 +69,9 @@ struct Agent {
     outbox: Arc<Mutex<StatusOutbox>>,
     wake: Arc<Notify>,
     heartbeat_seq: u64,
+    /// Use changed since the last advert: the next reap tick (every 100 ms) sends one, so a burst of starts
+    /// costs one advert, not one each.
+    advert_due: bool,
 }
 
 /// Pools from the site file, with NVIDIA GPU pools replaced by what NVML finds where it is available.
@@ -156,6 +173,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
 
     let mut agent = Agent {
         core,
+        executor: opts.executor,
         client: client.clone(),
         work_dir: opts.work_dir.clone(),
         grace: Duration::from_millis(site.agent.grace_ms),
@@ -163,6 +181,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
         outbox,
         wake,
         heartbeat_seq: 0,
+        advert_due: false,
     };
     agent.reap_leftovers();
 
@@ -200,14 +219,21 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
                 agent.publish_heartbeat().await
             }
             _ = advert.tick() => agent.publish_advert().await,
-            _ = reap.tick() => agent.reap_finished().await,
+            _ = reap.tick() => {
+                agent.reap_finished().await;
+                if agent.advert_due {
+                    agent.publish_advert().await;
+                }
+            }
             _ = tokio::signal::ctrl_c() => break,
             _ = sigterm.recv() => break,
         }
     }
     tracing::info!("site {id} stopping; running jobs are stopped with it");
     for p in agent.procs.values_mut() {
-        p.handle.stop();
+        if let Some(h) = &mut p.handle {
+            h.stop();
+        }
     }
     Ok(())
 }
@@ -219,7 +245,13 @@ fn read_checkpoint(path: &std::path::Path) -> Option<String> {
     (!s.is_empty() && s.len() <= 4096).then(|| s.to_owned())
 }
 
-/// Sends status updates in order from the outbox, each repeated until the broker acknowledges it.
+/// Updates sent at once: they go out in order on one connection and the broker applies them in arrival order,
+/// so keeping several in flight keeps the order while a slow acknowledgement holds up nobody.
+const STATUS_WINDOW: usize = 128;
+
+/// Sends status updates in order from the outbox, each repeated until the broker acknowledges it. Up to
+/// [`STATUS_WINDOW`] are in flight; the acknowledged prefix is dropped from the outbox, and what follows the
+/// first unacknowledged update is sent again (the broker treats a repeated update as a no-op).
 async fn send_statuses(
     client: async_nats::Client,
     subject: String,
@@ -227,33 +259,67 @@ async fn send_statuses(
     wake: Arc<Notify>,
 ) {
     loop {
-        let head = outbox.lock().ok().and_then(|o| o.front().cloned());
-        let Some(head) = head else {
+        let head = outbox
+            .lock()
+            .map(|o| o.head(STATUS_WINDOW))
+            .unwrap_or_default();
+        if head.is_empty() {
             wake.notified().await;
             continue;
-        };
-        let Ok(payload) = encode(&head) else {
-            if let Ok(mut o) = outbox.lock() {
-                let _ = o.pop();
+        }
+        let acked = send_window(&client, &subject, &head).await;
+        if let Ok(mut o) = outbox.lock() {
+            if let Err(e) = o.pop_n(acked) {
+                tracing::error!("status outbox: {e}");
             }
-            continue;
-        };
-        let reply = tokio::time::timeout(
-            Duration::from_secs(2),
-            client.request(subject.clone(), Bytes::from(payload)),
-        )
-        .await;
-        match reply {
-            Ok(Ok(m)) if decode::<StatusAck>(&m.payload).is_ok() => {
-                if let Ok(mut o) = outbox.lock() {
-                    if let Err(e) = o.pop() {
-                        tracing::error!("status outbox: {e}");
-                    }
-                }
-            }
-            _ => tokio::time::sleep(Duration::from_millis(300)).await,
+        }
+        if acked < head.len() {
+            tokio::time::sleep(Duration::from_millis(300)).await;
         }
     }
+}
+
+/// Publishes the updates in order, each with its own reply subject under one inbox, and waits up to 2 s for
+/// the acknowledgements; returns how many from the front were acknowledged.
+async fn send_window(client: &async_nats::Client, subject: &str, head: &[JobStatus]) -> usize {
+    let inbox = client.new_inbox();
+    let Ok(mut replies) = client.subscribe(format!("{inbox}.*")).await else {
+        return 0;
+    };
+    let mut acked = vec![false; head.len()];
+    for (i, status) in head.iter().enumerate() {
+        match encode(status) {
+            Ok(payload) => {
+                let reply = format!("{inbox}.{i}");
+                if client
+                    .publish_with_reply(subject.to_owned(), reply, Bytes::from(payload))
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+            }
+            // An update that cannot be encoded can never be sent: count it as done.
+            Err(_) => acked[i] = true,
+        }
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    while acked.iter().any(|a| !a) {
+        let Ok(Some(m)) = tokio::time::timeout_at(deadline, replies.next()).await else {
+            break;
+        };
+        let index = m
+            .subject
+            .rsplit('.')
+            .next()
+            .and_then(|i| i.parse::<usize>().ok());
+        if let (Some(i), true) = (index, decode::<StatusAck>(&m.payload).is_ok()) {
+            if let Some(a) = acked.get_mut(i) {
+                *a = true;
+            }
+        }
+    }
+    acked.iter().take_while(|a| **a).count()
 }
 
 impl Agent {
@@ -272,7 +338,8 @@ impl Agent {
         }
     }
 
-    async fn publish_advert(&self) {
+    async fn publish_advert(&mut self) {
+        self.advert_due = false;
         let a = self.core.advert(now_ms());
         self.publish(subjects::site(&a.site.id, SiteTopic::Advert), encode(&a))
             .await;
@@ -365,7 +432,7 @@ impl Agent {
         }
         self.publish(reply_to.to_string(), encode(&reply)).await;
         if start {
-            self.publish_advert().await;
+            self.advert_due = true;
         }
     }
 
@@ -373,7 +440,9 @@ impl Agent {
         let name = format!("{}-{}", offer.job, offer.attempt);
         let run_dir = self.work_dir.join("run");
         let job_dir = self.work_dir.join("jobs").join(&name);
-        std::fs::create_dir_all(&job_dir)?;
+        if self.executor == Executor::Process {
+            std::fs::create_dir_all(&job_dir)?;
+        }
         let checkpoint_path = job_dir.join("checkpoint");
         let pgid_path = run_dir.join(format!("{}__{}.pgid", offer.job, offer.attempt));
         let indices: Vec<String> = offer.devices.iter().map(|d| d.index.to_string()).collect();
@@ -410,21 +479,27 @@ impl Agent {
         if let Some(r) = &offer.resume_from {
             env.push(("MERIDIAN_RESUME_FROM".into(), r.clone()));
         }
-        let handle = local::launch(&Launch {
-            shim_program: std::env::current_exe()?,
-            command: offer.spec.run.command.clone(),
-            env,
-            work_dir: job_dir.clone(),
-            log_path: job_dir.join("output.log"),
-            pgid_path: pgid_path.clone(),
-            grace: self.grace,
-        })?;
-        tracing::info!(
-            "job {} attempt {} started (pid {})",
-            offer.job,
-            offer.attempt,
-            handle.pid()
-        );
+        let handle = match self.executor {
+            Executor::Noop => None,
+            Executor::Process => {
+                let handle = local::launch(&Launch {
+                    shim_program: std::env::current_exe()?,
+                    command: offer.spec.run.command.clone(),
+                    env,
+                    work_dir: job_dir.clone(),
+                    log_path: job_dir.join("output.log"),
+                    pgid_path: pgid_path.clone(),
+                    grace: self.grace,
+                })?;
+                tracing::info!(
+                    "job {} attempt {} started (pid {})",
+                    offer.job,
+                    offer.attempt,
+                    handle.pid()
+                );
+                Some(handle)
+            }
+        };
         let p = Proc {
             handle,
             started_ms: now_ms(),
@@ -454,7 +529,9 @@ impl Agent {
                 c.reason
             );
             p.cancel_reason = Some(c.reason);
-            p.handle.stop();
+            if let Some(h) = &mut p.handle {
+                h.stop();
+            }
         }
     }
 
@@ -494,7 +571,14 @@ impl Agent {
     async fn reap_finished(&mut self) {
         let mut done = Vec::new();
         for (key, p) in self.procs.iter_mut() {
-            match p.handle.try_wait() {
+            let Some(h) = &mut p.handle else {
+                // Nothing runs under the no-op executor: a job ends when it is cancelled.
+                if p.cancel_reason.is_some() {
+                    done.push((key.clone(), 0));
+                }
+                continue;
+            };
+            match h.try_wait() {
                 Ok(Some(status)) => done.push((key.clone(), local::exit_code(status))),
                 Ok(None) => {}
                 Err(e) => tracing::warn!("waiting for {}: {e}", key.0),
@@ -522,7 +606,7 @@ impl Agent {
             let _ = std::fs::remove_file(&p.pgid_path);
             self.core.on_finished(&job, attempt);
         }
-        self.publish_advert().await;
+        self.advert_due = true;
     }
 
     /// Kills process groups left by an earlier run of this agent and reports their attempts as interrupted.

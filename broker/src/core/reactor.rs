@@ -128,6 +128,14 @@ pub struct State {
     /// Every job not yet finished (and, until pruned, some that just finished): what timers and retries scan,
     /// so their cost follows the live jobs, not the whole history.
     pub active: std::collections::BTreeSet<JobId>,
+    /// Every pending job (and, until pruned, some that left that phase): what `try_pending` scans, so that
+    /// placing waiting work costs in proportion to the waiting jobs, not to all the running ones.
+    pub pending: std::collections::BTreeSet<JobId>,
+    /// Every offered job (and, until pruned, some that left that phase): what the offer timer scans.
+    pub offered: std::collections::BTreeSet<JobId>,
+    /// The active set is pruned of finished jobs when it grows past this (amortised: twice its size after the
+    /// previous pruning).
+    pub active_prune_at: usize,
     /// Sites by accelerator class and spare capacity; refiled after every change to a site.
     pub index: super::index::SiteIndex,
 }
@@ -282,12 +290,17 @@ impl<J: Journal> Reactor<J> {
             self.state.sites.values().any(|s| {
                 s.up && now.saturating_sub(s.last_seen_ms) > self.config.site_lost_after_ms
             });
-        let timed_out = self.state.active_jobs().any(|j| {
+        let jobs = |set: &'_ std::collections::BTreeSet<JobId>| {
+            set.iter()
+                .filter_map(|id| self.state.jobs.get(id))
+                .collect::<Vec<_>>()
+        };
+        let timed_out = jobs(&self.state.offered).into_iter().any(|j| {
             j.phase == JobPhase::Offered
                 && j.offered_ms
                     .is_some_and(|t| now.saturating_sub(t) > self.config.offer_timeout_ms)
         });
-        let retry = self.state.active_jobs().any(|j| {
+        let retry = jobs(&self.state.pending).into_iter().any(|j| {
             j.phase == JobPhase::Pending
                 && (self.state.dirty
                     || j.retry_at_ms.is_some_and(|t| t <= now)
@@ -440,6 +453,7 @@ impl<J: Journal> Reactor<J> {
         let id = JobId::numbered(self.state.next_job);
         self.state.by_key.insert(key, id.clone());
         self.state.active.insert(id.clone());
+        self.state.pending.insert(id.clone());
         self.state
             .jobs
             .insert(id.clone(), Job::new(id.clone(), spec, now));
@@ -536,6 +550,7 @@ impl<J: Journal> Reactor<J> {
             job.refused_until.retain(|(s, u)| s != site && *u > now);
             job.refused_until.push((site.clone(), until));
             job.phase = JobPhase::Pending;
+            self.state.pending.insert(id.clone());
             job.assignment = None;
             job.offered_ms = None;
             job.why = why.to_owned();
@@ -694,6 +709,7 @@ impl<J: Journal> Reactor<J> {
         self.release(id);
         if let Some(job) = self.state.jobs.get_mut(id) {
             job.phase = JobPhase::Pending;
+            self.state.pending.insert(id.clone());
             job.assignment = None;
             job.offered_ms = None;
             job.waiting_since_ms = now;
@@ -703,6 +719,16 @@ impl<J: Journal> Reactor<J> {
     }
 
     fn on_tick(&mut self, now: Millis) {
+        let jobs = &self.state.jobs;
+        if self.state.active.len() > self.state.active_prune_at {
+            self.state
+                .active
+                .retain(|id| jobs.get(id).is_some_and(|j| !j.phase.is_terminal()));
+            self.state.active_prune_at = (2 * self.state.active.len()).max(1024);
+        }
+        self.state
+            .offered
+            .retain(|id| jobs.get(id).is_some_and(|j| j.phase == JobPhase::Offered));
         let lost: Vec<SiteId> = self
             .state
             .sites
@@ -715,7 +741,9 @@ impl<J: Journal> Reactor<J> {
         }
         let timed_out: Vec<(JobId, SiteId)> = self
             .state
-            .active_jobs()
+            .offered
+            .iter()
+            .filter_map(|id| self.state.jobs.get(id))
             .filter(|j| {
                 j.phase == JobPhase::Offered
                     && j.offered_ms
@@ -775,11 +803,13 @@ impl<J: Journal> Reactor<J> {
     fn try_pending(&mut self, now: Millis) {
         let jobs = &self.state.jobs;
         self.state
-            .active
-            .retain(|id| jobs.get(id).is_some_and(|j| !j.phase.is_terminal()));
+            .pending
+            .retain(|id| jobs.get(id).is_some_and(|j| j.phase == JobPhase::Pending));
         let due: Vec<JobId> = self
             .state
-            .active_jobs()
+            .pending
+            .iter()
+            .filter_map(|id| self.state.jobs.get(id))
             .filter(|j| {
                 j.phase == JobPhase::Pending
                     && (self.state.dirty
@@ -828,6 +858,7 @@ impl<J: Journal> Reactor<J> {
             Outcome::Place(choice) => {
                 job.attempt += 1;
                 job.phase = JobPhase::Offered;
+                self.state.offered.insert(id.clone());
                 job.offered_ms = Some(now);
                 job.retry_at_ms = None;
                 job.assignment = Some(Assignment {
@@ -945,6 +976,12 @@ impl<J: Journal> Reactor<J> {
                     return Err(format!("{} holds devices without an assignment", job.id))
                 }
                 _ => {}
+            }
+            if job.phase == JobPhase::Pending && !self.state.pending.contains(&job.id) {
+                return Err(format!("{} is pending but not in the pending set", job.id));
+            }
+            if job.phase == JobPhase::Offered && !self.state.offered.contains(&job.id) {
+                return Err(format!("{} is offered but not in the offered set", job.id));
             }
             if !job.phase.is_terminal() && !self.state.active.contains(&job.id) {
                 return Err(format!(

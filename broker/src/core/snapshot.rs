@@ -1,7 +1,7 @@
 //! Snapshots of broker state, so that a restart replays only the journal records stored after the latest one
 //! and recovery time does not grow with history. A snapshot holds what cannot be derived (sites, jobs, the job
-//! counter) and the journal sequence it includes; the idempotency map, the active set and the site index are
-//! rebuilt from it.
+//! counter) and the journal sequence it includes; the idempotency map, the active, pending and offered sets and
+//! the site index are rebuilt from it.
 
 use super::journal::Journal;
 use super::model::{Job, Site};
@@ -49,6 +49,15 @@ impl<J: Journal> Reactor<J> {
             );
             if !job.phase.is_terminal() {
                 st.active.insert(job.id.clone());
+            }
+            match job.phase {
+                meridian_federation::JobPhase::Pending => {
+                    st.pending.insert(job.id.clone());
+                }
+                meridian_federation::JobPhase::Offered => {
+                    st.offered.insert(job.id.clone());
+                }
+                _ => {}
             }
             st.jobs.insert(job.id.clone(), job);
         }

@@ -71,6 +71,8 @@ pub struct LocalOptions {
     pub heartbeat_ms: u64,
     /// Extra arguments for the broker.
     pub broker_args: Vec<String>,
+    /// Extra arguments for every agent.
+    pub agent_args: Vec<String>,
     /// Where logs and state go (a temporary folder when `None`).
     pub dir: Option<PathBuf>,
     pub topology: Topology,
@@ -83,6 +85,7 @@ impl Default for LocalOptions {
         LocalOptions {
             heartbeat_ms: 500,
             broker_args: Vec::new(),
+            agent_args: Vec::new(),
             dir: None,
             topology: Topology::Single,
             standby: false,
@@ -121,6 +124,7 @@ pub struct LocalFederation {
     _tmp: Option<tempfile::TempDir>,
     agent_bin: PathBuf,
     heartbeat_ms: u64,
+    agent_args: Vec<String>,
     /// The broker's program and arguments (without name and address file), to start it again.
     broker_cmd: (PathBuf, Vec<std::ffi::OsString>),
 }
@@ -197,6 +201,7 @@ impl LocalFederation {
             _tmp: tmp,
             agent_bin,
             heartbeat_ms: opts.heartbeat_ms,
+            agent_args: opts.agent_args.clone(),
             broker_cmd: (meridian, args),
         };
         this.start_broker(0)?;
@@ -330,6 +335,7 @@ impl LocalFederation {
                 .args(["--nats", nats])
                 .arg("--work-dir")
                 .arg(self.dir.join("agents").join(id))
+                .args(&self.agent_args)
                 .env("MERIDIAN_HEARTBEAT_MS", self.heartbeat_ms.to_string())
                 .stdout(Stdio::from(log.try_clone()?))
                 .stderr(Stdio::from(log)),

@@ -240,9 +240,11 @@ impl JetStreamJournal {
         Ok(())
     }
 
-    /// Whether enough records were stored since the last snapshot that another is due.
-    pub fn snapshot_due(&self) -> bool {
-        self.since_snapshot >= self.snapshot_every
+    /// Whether enough records were stored since the last snapshot that another is due: at least
+    /// `snapshot_every`, and at least twice the number of jobs in a snapshot (`jobs`), so that the cost of
+    /// snapshots, which grows with the state, stays a constant share of the cost of appending.
+    pub fn snapshot_due(&self, jobs: usize) -> bool {
+        self.since_snapshot >= self.snapshot_every.max(2 * jobs as u64)
     }
 
     /// Hands a snapshot (taken right after a store, so it includes everything up to [`Self::last_seq`]) to the

@@ -117,11 +117,14 @@ pub struct BrokerHandle {
 
 impl BrokerHandle {
     pub async fn step(&self, event: Event) -> Result<Response, StepError> {
+        self.step_queued(event).await.map_err(|_| stopped())?
+    }
+
+    /// Queues an event now (events are applied in the order they are queued); the answer comes later.
+    pub fn step_queued(&self, event: Event) -> oneshot::Receiver<Result<Response, StepError>> {
         let (tx, rx) = oneshot::channel();
-        self.tx
-            .send(Input::Event(event, Some(tx)))
-            .map_err(|_| stopped())?;
-        rx.await.map_err(|_| stopped())?
+        let _ = self.tx.send(Input::Event(event, Some(tx)));
+        rx
     }
 
     pub async fn query(&self, q: Query) -> Option<Answer> {
@@ -359,12 +362,18 @@ async fn spawn_site_listener(handle: &BrokerHandle, topic: SiteTopic) -> anyhow:
                         job: s.job.clone(),
                         attempt: s.attempt,
                     };
-                    let applied = h.step(Event::Status(s)).await;
-                    if let (Some(reply), Ok(_)) = (m.reply, applied) {
-                        if let Ok(body) = encode(&ack) {
-                            let _ = h.client.publish(reply, Bytes::from(body)).await;
+                    // Queued in arrival order (so a site's updates apply in order); acknowledged once stored,
+                    // without holding up the next update.
+                    let applied = h.step_queued(Event::Status(s));
+                    let client = h.client.clone();
+                    tokio::spawn(async move {
+                        let ok = matches!(applied.await, Ok(Ok(_)));
+                        if let (Some(reply), true) = (m.reply, ok) {
+                            if let Ok(body) = encode(&ack) {
+                                let _ = client.publish(reply, Bytes::from(body)).await;
+                            }
                         }
-                    }
+                    });
                 }
                 Ok(e) => h.feed(e),
                 Err(err) => {
@@ -453,7 +462,7 @@ async fn reactor_loop(
                 tracing::error!("stopping: {e}");
                 return Err(e.into());
             }
-            if journal.snapshot_due() {
+            if journal.snapshot_due(reactor.state.jobs.len()) {
                 journal.save_snapshot(&reactor.state.snapshot(journal.last_seq(), now));
             }
         }

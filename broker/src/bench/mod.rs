@@ -1,10 +1,13 @@
-//! `meridian bench placement`: decision latency over a large synthetic federation, with the site index and,
-//! in the same run, by a plain scan of every site.
+//! Benchmarks: `meridian bench dispatch` (see [`dispatch`]) and, here, `meridian bench placement`: decision
+//! latency over a large synthetic federation, with the site index and, in the same run, by a plain scan of
+//! every site.
 //!
 //! The federation is loaded the way a busy one is: each site has one or two pools (A100, H100, L4) of 8-64
 //! devices, each device busy with probability 0.9, so that a job's candidates are a small part of the sites.
 //! Requests mix 1, 2, 4 and 8 GPUs and milli-shares under all four policies, from users in random cities.
 #![allow(clippy::disallowed_methods)] // a benchmark: reads the clock
+
+pub mod dispatch;
 
 use crate::core::index::SiteIndex;
 use crate::core::latency::RttTable;
