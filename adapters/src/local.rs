@@ -147,11 +147,14 @@ pub fn shim_main(grace: Duration, pgid_file: &Path, argv: &[String]) -> i32 {
         );
     }
     let group = Pid::from_raw(pgid);
+    let stopping = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = stopping.clone();
     std::thread::spawn(move || {
         let mut sink = [0u8; 64];
         let mut stdin = std::io::stdin();
         // Returns on EOF (the agent closed the pipe or died) or on a read error.
         while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
         let _ = killpg(group, Signal::SIGTERM);
         std::thread::sleep(grace);
         let _ = killpg(group, Signal::SIGKILL);
@@ -166,6 +169,24 @@ pub fn shim_main(grace: Duration, pgid_file: &Path, argv: &[String]) -> i32 {
     };
     // The command is done; nothing it started may outlive it.
     let _ = killpg(group, Signal::SIGKILL);
-    let _ = std::fs::remove_file(pgid_file);
+    // The process-group file stays until the agent has recorded the end. If the command ended by itself, its
+    // exit code is kept beside it, so that an agent that died meanwhile reports the real outcome on restart.
+    if !stopping.load(std::sync::atomic::Ordering::SeqCst) {
+        let _ = std::fs::write(exit_file(pgid_file), code.to_string());
+    }
     code
+}
+
+/// Where the shim keeps the exit code of a command that ended by itself (beside its process-group file).
+pub fn exit_file(pgid_file: &Path) -> std::path::PathBuf {
+    pgid_file.with_extension("exit")
+}
+
+/// The exit code a shim kept for a command that ended by itself, if any.
+pub fn kept_exit_code(pgid_file: &Path) -> Option<i32> {
+    std::fs::read_to_string(exit_file(pgid_file))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }

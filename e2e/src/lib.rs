@@ -32,6 +32,8 @@ pub struct SiteSpec<'a> {
     pub count: u32,
     pub price: f64,
     pub carbon: u32,
+    /// An edge room (its agent joins through a leaf node on the cluster topology).
+    pub edge: bool,
 }
 
 impl<'a> SiteSpec<'a> {
@@ -46,6 +48,7 @@ impl<'a> SiteSpec<'a> {
             count,
             price,
             carbon: 300,
+            edge: false,
         }
     }
 }
@@ -53,6 +56,8 @@ impl<'a> SiteSpec<'a> {
 pub fn site_toml(s: &SiteSpec<'_>) -> String {
     let kind = if s.tier == "cloud" {
         "cloud"
+    } else if s.edge {
+        "edge"
     } else {
         "datacenter"
     };
@@ -156,6 +161,21 @@ impl Fed {
             status,
             serde_json::from_str(&text).unwrap_or(Value::String(text)),
         )
+    }
+
+    /// Like `get`, `post`: `None` when no broker answers (while one takes over, say).
+    pub fn try_get(&self, path: &str) -> Option<(u16, Value)> {
+        let r = self.agent.get(&self.url(path)).call().ok()?;
+        Some(Self::read(Ok(r), "GET"))
+    }
+
+    pub fn try_post(&self, path: &str, body: &[u8]) -> Option<(u16, Value)> {
+        let req = self
+            .agent
+            .post(&self.url(path))
+            .header("content-type", "application/json");
+        let r = req.send(body).ok()?;
+        Some(Self::read(Ok(r), "POST"))
     }
 
     pub fn get(&self, path: &str) -> (u16, Value) {

@@ -308,6 +308,10 @@ async fn send_window(client: &async_nats::Client, subject: &str, head: &[JobStat
         let Ok(Some(m)) = tokio::time::timeout_at(deadline, replies.next()).await else {
             break;
         };
+        if m.status == Some(async_nats::StatusCode::NO_RESPONDERS) {
+            // No broker is listening (one is taking over, say): try again soon rather than wait out the rest.
+            break;
+        }
         let index = m
             .subject
             .rsplit('.')
@@ -604,38 +608,51 @@ impl Agent {
             tracing::info!("job {job} attempt {attempt} ended: {state:?}");
             self.status(&job, attempt, state, Some(&p));
             let _ = std::fs::remove_file(&p.pgid_path);
+            let _ = std::fs::remove_file(local::exit_file(&p.pgid_path));
             self.core.on_finished(&job, attempt);
         }
         self.advert_due = true;
     }
 
-    /// Kills process groups left by an earlier run of this agent and reports their attempts as interrupted.
+    /// Deals with the jobs an earlier run of this agent left: one whose command ended by itself (its shim kept
+    /// the exit code) is reported with that outcome; any other has its process group killed and is reported
+    /// interrupted, so that the broker runs it again.
     fn reap_leftovers(&mut self) {
         let Ok(entries) = std::fs::read_dir(self.work_dir.join("run")) else {
             return;
         };
         for entry in entries.flatten() {
             let path = entry.path();
+            if path.extension().and_then(|e| e.to_str()) != Some("pgid") {
+                continue;
+            }
             let Some(stem) = path.file_stem().and_then(|s| s.to_str()).map(str::to_owned) else {
                 continue;
             };
-            let killed = local::reap(&path);
+            let kept = local::kept_exit_code(&path);
+            let killed = kept.is_none() && local::reap(&path);
             let _ = std::fs::remove_file(&path);
+            let _ = std::fs::remove_file(local::exit_file(&path));
             let Some((job, attempt)) = stem.split_once("__") else {
                 continue;
             };
             let (Ok(job), Ok(attempt)) = (JobId::new(job), attempt.parse::<u32>()) else {
                 continue;
             };
-            tracing::info!("reaped job {job} attempt {attempt} left by an earlier run (group killed: {killed})");
-            self.status(
-                &job,
-                attempt,
-                AttemptState::Interrupted {
+            let state = match kept {
+                Some(0) => AttemptState::Succeeded { exit_code: 0 },
+                Some(c) => AttemptState::Failed {
+                    exit_code: Some(c),
+                    reason: format!("exit code {c}"),
+                },
+                None => AttemptState::Interrupted {
                     reason: "agent restarted; the attempt was stopped".into(),
                 },
-                None,
+            };
+            tracing::info!(
+                "job {job} attempt {attempt} was left by an earlier run (group killed: {killed}): {state:?}"
             );
+            self.status(&job, attempt, state, None);
         }
     }
 }

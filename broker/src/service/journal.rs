@@ -82,7 +82,10 @@ impl JetStreamJournal {
         instance: String,
         replicas: usize,
     ) -> anyhow::Result<Self> {
-        let js = jetstream::new(client);
+        let mut js = jetstream::new(client);
+        // A server that has just rejoined its cluster can leave a request unanswered: give up on it soon and
+        // try again (opening is retried by the caller, appends here).
+        js.set_timeout(std::time::Duration::from_secs(2));
         let stream = js
             .get_or_create_stream(stream::Config {
                 name: subjects::JOURNAL_STREAM.to_owned(),

@@ -36,7 +36,8 @@ pub struct Lease {
 pub struct Lost;
 
 async fn bucket(client: async_nats::Client, replicas: usize) -> anyhow::Result<kv::Store> {
-    let js = jetstream::new(client);
+    let mut js = jetstream::new(client);
+    js.set_timeout(Duration::from_secs(2));
     if let Ok(kv) = js.get_key_value(BUCKET).await {
         return Ok(kv);
     }
@@ -69,7 +70,10 @@ impl Lease {
             let entry = match kv.entry(KEY).await {
                 Ok(e) => e,
                 Err(e) => {
+                    // An outage is no evidence that the active broker died (it cannot renew through it
+                    // either): watch afresh once the lease can be read again.
                     tracing::warn!("reading the lease: {e}");
+                    seen = None;
                     tokio::time::sleep(poll).await;
                     continue;
                 }
@@ -118,10 +122,11 @@ impl Lease {
         }
     }
 
-    /// Renews the lease; `Err(Lost)` once another broker has written it. A NATS outage is retried until the
-    /// lease time has passed, after which the lease is treated as lost.
+    /// Renews the lease; `Err(Lost)` once another broker has written it. Other failures (NATS or JetStream
+    /// unavailable, a stream leader being elected) are retried for as long as they last: a standby cannot take
+    /// the lease through them either, and the journal's fencing stops this broker should one have.
     pub async fn renew(&mut self) -> Result<(), Lost> {
-        let give_up = tokio::time::Instant::now() + self.lease;
+        let mut warned = false;
         loop {
             match self
                 .kv
@@ -145,9 +150,9 @@ impl Lease {
                     }
                 }
                 Err(e) => {
-                    if tokio::time::Instant::now() >= give_up {
-                        tracing::error!("could not renew the lease for {:?}: {e}", self.lease);
-                        return Err(Lost);
+                    if !warned {
+                        tracing::warn!("could not renew the lease ({e}); retrying");
+                        warned = true;
                     }
                     tokio::time::sleep(self.lease / 10).await;
                 }
