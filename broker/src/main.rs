@@ -345,9 +345,16 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
             println!("{}", serde_json::to_string(&f)?);
             if out == Output::Table {
                 eprintln!(
-                    "{} jobs on {} sites, {} in flight: {:.0} dispatches/s vs {:.0} plain NATS requests/s (ratio {:.3}); p50 {:.1} ms, p99 {:.1} ms; {} journal appends",
-                    f.jobs, f.sites, f.in_flight, f.dispatches_per_s, f.raw_nats_req_per_s, f.ratio, f.p50_ms, f.p99_ms, f.journal_appends
+                    "{} jobs on {} sites, {} in flight: {:.0} dispatches/s vs {:.0} plain NATS requests/s (ratio {:.3}); p50 {:.1} ms, p99 {:.1} ms; {} journal appends; recovery after kill -9 {} ms",
+                    f.jobs, f.sites, f.in_flight, f.dispatches_per_s, f.raw_nats_req_per_s, f.ratio, f.p50_ms, f.p99_ms, f.journal_appends,
+                    f.recovery_ms.map_or_else(|| "?".to_owned(), |m| m.to_string())
                 );
+                if let Some(s) = &f.spawn {
+                    eprintln!(
+                        "{} jobs spawning `true`: {:.0} dispatches/s, p50 {:.1} ms, p99 {:.1} ms; {:.0} completed/s",
+                        s.jobs, s.dispatches_per_s, s.p50_ms, s.p99_ms, s.completed_per_s
+                    );
+                }
             }
             Ok(true)
         }

@@ -48,6 +48,10 @@ pub struct DispatchFigures {
     pub p99_ms: f64,
     /// Journal batches the broker stored for the run (group commit: many steps per append).
     pub journal_appends: u64,
+    /// After the run, the broker is killed (SIGKILL) and started again: the time it took to load its state
+    /// (snapshot and journal), as it logs it, and the journal records it replayed beyond the snapshot.
+    pub recovery_ms: Option<u64>,
+    pub recovery_records: Option<u64>,
     pub spawn: Option<SpawnFigures>,
 }
 
@@ -291,6 +295,28 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * q).round() as usize]
 }
 
+/// From the last `recovered N jobs and M sites from [a snapshot and] K journal records (B batches) in T ms` line
+/// of the broker's log: (T, K).
+fn last_recovery(log: &str) -> Option<(u64, u64)> {
+    let line = log.lines().rfind(|l| l.contains("recovered "))?;
+    let ms = line
+        .rsplit(" in ")
+        .next()?
+        .trim()
+        .trim_end_matches("ms")
+        .trim()
+        .parse()
+        .ok()?;
+    let records = line
+        .split(" journal records")
+        .next()?
+        .rsplit(' ')
+        .next()?
+        .parse()
+        .ok()?;
+    Some((ms, records))
+}
+
 /// Batches in the journal stream (each a group of steps stored with one append).
 async fn journal_messages(url: &str) -> anyhow::Result<u64> {
     let client = async_nats::connect(meridian_federation::nats_servers(url)).await?;
@@ -315,6 +341,11 @@ pub async fn dispatch(opts: DispatchOptions) -> anyhow::Result<DispatchFigures> 
     let journal_appends = journal_messages(&url).await?.saturating_sub(before);
     let size = spec(0, "true")?.len();
     let raw = raw_nats(&url, opts.jobs, opts.in_flight, size).await?;
+    let mut fed = fed;
+    let recovery = tokio::task::block_in_place(|| -> anyhow::Result<Option<(u64, u64)>> {
+        fed.restart_broker()?;
+        Ok(last_recovery(&fed.broker_logs()))
+    })?;
     tokio::task::block_in_place(|| drop(fed));
 
     let spawn = if opts.spawn_jobs > 0 {
@@ -353,6 +384,19 @@ pub async fn dispatch(opts: DispatchOptions) -> anyhow::Result<DispatchFigures> 
         p50_ms: quantile(&run.latencies_ms, 0.5),
         p99_ms: quantile(&run.latencies_ms, 0.99),
         journal_appends,
+        recovery_ms: recovery.map(|r| r.0),
+        recovery_records: recovery.map(|r| r.1),
         spawn,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_recovery_line_is_read_with_or_without_a_snapshot() {
+        let log = "x INFO recovered 3 jobs and 1 sites from 7 journal records (5 batches) in 12 ms\n\
+                   y INFO recovered 9 jobs and 2 sites from a snapshot and 40 journal records (9 batches) in 81 ms\n";
+        assert_eq!(super::last_recovery(log), Some((81, 40)));
+        assert_eq!(super::last_recovery("nothing"), None);
+    }
 }

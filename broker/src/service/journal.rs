@@ -204,6 +204,13 @@ impl JetStreamJournal {
         Ok((out, batches, last))
     }
 
+    /// The records stored since this broker last read or wrote, and the number of batches they came in.
+    pub async fn catch_up(&mut self) -> anyhow::Result<(Vec<Record>, u64)> {
+        let (records, batches, last) = self.read_after(self.last_seq).await?;
+        self.last_seq = last.max(self.last_seq);
+        Ok((records, batches))
+    }
+
     /// Appends an empty batch to fence out any earlier active broker. If another broker appended since this one
     /// recovered, the records it appended are returned (to be replayed) and the marker is tried again.
     pub async fn take_over(&mut self) -> anyhow::Result<Vec<Record>> {

@@ -206,13 +206,9 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
         http: cfg.http.clone(),
         lease_ms: cfg.lease_ms.max(100),
     };
-    let mut lease = patiently("the lease", || {
-        lease::Lease::acquire(client.clone(), &holder, cfg.replicas)
-    })
-    .await?;
-    tracing::info!("broker {name} is active");
-
-    let started = std::time::Instant::now();
+    // Load the state first and keep following the journal while waiting for the lease (a hot standby), so
+    // that taking over costs only the records written since the last look.
+    let loading = std::time::Instant::now();
     let instance = format!("{name}-{}", now_ms());
     let mut journal = patiently("the journal", || {
         journal::JetStreamJournal::open(client.clone(), instance.clone(), cfg.replicas)
@@ -225,7 +221,32 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
         reactor.restore(snap);
     }
     reactor.replay(&recovered.records);
-    // Fence out the broker that was active before, and replay what it wrote after the read above.
+    let mut replayed = recovered.records.len();
+    let mut batches = recovered.batches;
+    drop(recovered.records);
+    let load_ms = loading.elapsed().as_millis();
+
+    let acquire = patiently("the lease", || {
+        lease::Lease::acquire(client.clone(), &holder, cfg.replicas)
+    });
+    tokio::pin!(acquire);
+    let mut follow = tokio::time::interval(Duration::from_millis(500));
+    let mut lease = loop {
+        tokio::select! {
+            lease = &mut acquire => break lease?,
+            _ = follow.tick() => match journal.catch_up().await {
+                Ok((records, n)) => {
+                    reactor.replay(&records);
+                    replayed += records.len();
+                    batches += n;
+                }
+                Err(e) => tracing::warn!("following the journal: {e:#}"),
+            },
+        }
+    };
+    tracing::info!("broker {name} is active");
+    let taking_over = std::time::Instant::now();
+    // Fence out the broker that was active before, and replay what it wrote since the last look.
     let late = journal.take_over().await?;
     reactor.replay(&late);
     reactor.resume(now_ms());
@@ -234,11 +255,10 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
         reactor.state.jobs.len(),
         reactor.state.sites.len(),
         if from_snapshot { "a snapshot and " } else { "" },
-        recovered.records.len() + late.len(),
-        recovered.batches,
-        started.elapsed().as_millis()
+        replayed + late.len(),
+        batches,
+        load_ms + taking_over.elapsed().as_millis()
     );
-    drop(recovered.records);
 
     let (tx, rx) = mpsc::unbounded_channel();
     let handle = BrokerHandle {
@@ -409,6 +429,8 @@ fn same_site(
 
 /// Inputs taken together into one journal append (group commit).
 const MAX_BATCH: usize = 1024;
+/// A journal append slower than this means the broker was stalled.
+const STALL: Duration = Duration::from_secs(1);
 
 async fn reactor_loop(
     mut reactor: Reactor<BufferJournal>,
@@ -422,18 +444,25 @@ async fn reactor_loop(
     clock.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut inputs = Vec::with_capacity(MAX_BATCH);
     loop {
-        tokio::select! {
+        let tick = tokio::select! {
             input = rx.recv() => match input {
-                Some(input) => inputs.push(input),
+                Some(input) => {
+                    inputs.push(input);
+                    false
+                }
                 None => return Ok(()),
             },
-            _ = clock.tick() => inputs.push(Input::Event(Event::Tick, None)),
-        }
+            _ = clock.tick() => true,
+        };
         while inputs.len() < MAX_BATCH {
             match rx.try_recv() {
                 Ok(input) => inputs.push(input),
                 Err(_) => break,
             }
+        }
+        // Timers run after what has arrived: heartbeats that waited in the queue count before a site is judged.
+        if tick {
+            inputs.push(Input::Event(Event::Tick, None));
         }
         let now = now_ms();
         let mut replies = Vec::new();
@@ -458,9 +487,19 @@ async fn reactor_loop(
         // The steps are stored before anything is said or sent because of them.
         let records = reactor.journal_mut().take();
         if !records.is_empty() {
+            let storing = std::time::Instant::now();
             if let Err(e) = journal.store(records).await {
                 tracing::error!("stopping: {e}");
                 return Err(e.into());
+            }
+            if storing.elapsed() > STALL {
+                // The broker could not act (JetStream was electing a leader, say): that time is not held
+                // against the sites, whose heartbeats waited unheard.
+                tracing::warn!(
+                    "the journal took {} ms to store a batch; site liveness starts afresh",
+                    storing.elapsed().as_millis()
+                );
+                reactor.resume(now_ms());
             }
             if journal.snapshot_due(reactor.state.jobs.len()) {
                 journal.save_snapshot(&reactor.state.snapshot(journal.last_seq(), now));
