@@ -295,6 +295,20 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * q).round() as usize]
 }
 
+enum Scratch {
+    Temp(tempfile::TempDir),
+    Kept(std::path::PathBuf),
+}
+
+impl Scratch {
+    fn path(&self) -> &Path {
+        match self {
+            Scratch::Temp(t) => t.path(),
+            Scratch::Kept(p) => p,
+        }
+    }
+}
+
 /// From the last `recovered N jobs and M sites from [a snapshot and] K journal records (B batches) in T ms` line
 /// of the broker's log: (T, K).
 fn last_recovery(log: &str) -> Option<(u64, u64)> {
@@ -326,9 +340,14 @@ async fn journal_messages(url: &str) -> anyhow::Result<u64> {
 }
 
 pub async fn dispatch(opts: DispatchOptions) -> anyhow::Result<DispatchFigures> {
+    // Logs and state go to a temporary folder, or are kept in `$MERIDIAN_BENCH_DIR`.
     let scratch = tempfile::Builder::new()
         .prefix("meridian-bench-")
         .tempdir()?;
+    let scratch = match std::env::var_os("MERIDIAN_BENCH_DIR") {
+        Some(dir) => Scratch::Kept(dir.into()),
+        None => Scratch::Temp(scratch),
+    };
     let slots = opts.jobs.div_ceil(opts.sites.max(1)) + 8;
     let noop_dir = scratch.path().join("noop");
     std::fs::create_dir_all(&noop_dir)?;
