@@ -128,6 +128,21 @@ impl JetStreamJournal {
 
     /// Loads the latest snapshot and the records stored after it. A snapshot that cannot be read is reported
     /// and ignored: the whole journal is replayed instead.
+    /// Like [`Self::recover`], retried for a minute: a cluster may still be electing the stream's leader.
+    pub async fn recover_patiently(&mut self) -> anyhow::Result<Recovered> {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            match self.recover().await {
+                Ok(r) => return Ok(r),
+                Err(e) if tokio::time::Instant::now() < deadline => {
+                    tracing::warn!("reading the journal: {e:#}; retrying");
+                    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     pub async fn recover(&mut self) -> anyhow::Result<Recovered> {
         let snapshot = match self.load_snapshot().await {
             Ok(s) => s,
@@ -215,14 +230,21 @@ impl JetStreamJournal {
     /// recovered, the records it appended are returned (to be replayed) and the marker is tried again.
     pub async fn take_over(&mut self) -> anyhow::Result<Vec<Record>> {
         let mut late = Vec::new();
+        let deadline = tokio::time::Instant::now() + STORE_PATIENCE;
         loop {
             match self.append(Vec::new()).await {
                 Ok(()) => return Ok(late),
-                Err(StoreError::Fenced { .. }) => {
-                    let (records, _, last) = self.read_after(self.last_seq).await?;
-                    late.extend(records);
-                    self.last_seq = last;
-                }
+                Err(StoreError::Fenced { .. }) => match self.read_after(self.last_seq).await {
+                    Ok((records, _, last)) => {
+                        late.extend(records);
+                        self.last_seq = last;
+                    }
+                    Err(e) if tokio::time::Instant::now() < deadline => {
+                        tracing::warn!("reading the journal: {e:#}; retrying");
+                        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+                    }
+                    Err(e) => return Err(e),
+                },
                 Err(e) => return Err(e.into()),
             }
         }

@@ -188,10 +188,27 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
         reactor.throughput = crate::core::throughput::Throughput::from_toml(&text)
             .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     }
+    // Whether the broker's own connection is up: sites are not judged by heartbeats it could not hear.
+    let (connected_tx, connected) = tokio::sync::watch::channel(true);
     let client = async_nats::ConnectOptions::new()
         .name("meridian broker")
         .retry_on_initial_connect()
         .max_reconnects(None)
+        .event_callback(move |event| {
+            let tx = connected_tx.clone();
+            async move {
+                match event {
+                    async_nats::Event::Connected => {
+                        let _ = tx.send(true);
+                    }
+                    async_nats::Event::Disconnected => {
+                        let _ = tx.send(false);
+                    }
+                    _ => {}
+                }
+                tracing::info!("NATS: {event}");
+            }
+        })
         .connect(meridian_federation::nats_servers(&cfg.nats))
         .await
         .with_context(|| format!("connecting to {}", cfg.nats))?;
@@ -215,7 +232,7 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
     })
     .await?;
     journal.snapshot_every = cfg.snapshot_every.max(1);
-    let recovered = journal.recover().await?;
+    let recovered = journal.recover_patiently().await?;
     let from_snapshot = recovered.snapshot.is_some();
     if let Some(snap) = recovered.snapshot {
         reactor.restore(snap);
@@ -269,6 +286,7 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
         reactor,
         journal,
         rx,
+        connected,
         handle.clone(),
         Duration::from_millis(cfg.tick_ms.max(10)),
         Duration::from_millis(cfg.offer_timeout_ms),
@@ -436,6 +454,7 @@ async fn reactor_loop(
     mut reactor: Reactor<BufferJournal>,
     mut journal: journal::JetStreamJournal,
     mut rx: mpsc::UnboundedReceiver<Input>,
+    connected: tokio::sync::watch::Receiver<bool>,
     handle: BrokerHandle,
     tick: Duration,
     offer_timeout: Duration,
@@ -443,8 +462,9 @@ async fn reactor_loop(
     let mut clock = tokio::time::interval(tick);
     clock.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut inputs = Vec::with_capacity(MAX_BATCH);
+    let mut was_down = false;
     loop {
-        let tick = tokio::select! {
+        let mut tick = tokio::select! {
             input = rx.recv() => match input {
                 Some(input) => {
                     inputs.push(input);
@@ -459,6 +479,16 @@ async fn reactor_loop(
                 Ok(input) => inputs.push(input),
                 Err(_) => break,
             }
+        }
+        // While the broker's own connection is down, no heartbeat can reach it: timers wait, and liveness starts
+        // afresh once it is back.
+        if !*connected.borrow() {
+            was_down = true;
+            tick = false;
+        } else if was_down {
+            was_down = false;
+            tracing::info!("NATS connection back; site liveness starts afresh");
+            reactor.resume(now_ms());
         }
         // Timers run after what has arrived: heartbeats that waited in the queue count before a site is judged.
         if tick {
