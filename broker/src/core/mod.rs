@@ -7,6 +7,7 @@ pub mod latency;
 pub mod metering;
 pub mod model;
 pub mod placement;
+pub mod quota;
 pub mod reactor;
 pub mod regions;
 pub mod snapshot;

@@ -295,6 +295,8 @@ pub enum Wait {
         now_g_per_kwh: f64,
         then_g_per_kwh: f64,
     },
+    /// A site could take the job now, but its queue's quota holds it (set by the reactor, not by `place`).
+    Quota(String),
 }
 
 impl Wait {
@@ -336,6 +338,7 @@ impl fmt::Display for Wait {
                 f,
                 "deferred to {until_ms} for lower carbon at {site}: {then_g_per_kwh:.0} instead of {now_g_per_kwh:.0} gCO2e/kWh; the deadline still holds"
             ),
+            Wait::Quota(why) => f.write_str(why),
         }
     }
 }

@@ -158,6 +158,8 @@ pub struct Reactor<J: Journal> {
     pub throughput: super::throughput::Throughput,
     /// Rank every job by this baseline instead of its policy (the simulator's comparison runs).
     pub baseline: Option<placement::Baseline>,
+    /// Queues, quotas and priority classes; without them nothing is limited by quota.
+    pub tenancy: Option<super::quota::Tenancy>,
     journal: J,
     outbox: Vec<Command>,
 }
@@ -171,6 +173,7 @@ impl<J: Journal> Reactor<J> {
             regions,
             throughput: Default::default(),
             baseline: None,
+            tenancy: None,
             journal,
             outbox: Vec::new(),
         }
@@ -221,6 +224,19 @@ impl<J: Journal> Reactor<J> {
     fn check(&self, event: &Event) -> Result<(), StepError> {
         match event {
             Event::Submit(spec) => {
+                if let Some(t) = &self.tenancy {
+                    t.queue_of(&spec.tenant, spec.queue.as_deref())
+                        .map_err(|problem| StepError::Invalid {
+                            field: "queue".into(),
+                            problem,
+                        })?;
+                    t.priority_of(spec.priority.as_deref()).map_err(|problem| {
+                        StepError::Invalid {
+                            field: "priority".into(),
+                            problem,
+                        }
+                    })?;
+                }
                 if let Some(region) = &spec.constraints.residency {
                     if !self.regions.knows(region) {
                         let known: Vec<&str> = self.regions.names().collect();
@@ -847,7 +863,24 @@ impl<J: Journal> Reactor<J> {
             refused: &refused,
             baseline: self.baseline,
         };
-        let decision = placement::place(view, request, now);
+        let mut decision = placement::place(view, request, now);
+        // Quota: a job that could run now may still have to wait for its queue's quota, or take it back.
+        if let Outcome::Place(choice) = &decision.outcome {
+            match self.admission(id, choice) {
+                super::quota::Admission::Admit => {}
+                super::quota::Admission::Wait(why) => {
+                    decision.outcome = Outcome::Wait(placement::Wait::Quota(why));
+                }
+                super::quota::Admission::Preempt { victims, reason } => {
+                    for v in &victims {
+                        self.preempt(now, v, id, &reason);
+                    }
+                }
+            }
+        }
+        let Some(job) = self.state.jobs.get_mut(id) else {
+            return;
+        };
         let next_refusal = job.refused_until.iter().map(|(_, u)| *u).min();
         match &decision.outcome {
             Outcome::Wait(wait) => {
@@ -906,6 +939,98 @@ impl<J: Journal> Reactor<J> {
                 self.outbox.push(Command::Offer(offer));
             }
         }
+    }
+
+    /// What quota says about placing job `id` as `choice` (admitted when there is no tenancy).
+    fn admission(&self, id: &JobId, choice: &placement::Choice) -> super::quota::Admission {
+        use super::quota::{admit, Admission};
+        let (Some(t), Some(job)) = (&self.tenancy, self.state.jobs.get(id)) else {
+            return Admission::Admit;
+        };
+        let Ok(queue) = t.queue_of(&job.spec.tenant, job.spec.queue.as_deref()) else {
+            return Admission::Admit;
+        };
+        let priority = t
+            .priority_of(job.spec.priority.as_deref())
+            .unwrap_or(t.default_priority);
+        let demand = self.class_usage(&choice.site, &choice.pool, &choice.devices);
+        admit(t, &self.holdings(t), queue, priority, &demand)
+    }
+
+    /// Milli-devices per quota class of a share of a pool.
+    fn class_usage(
+        &self,
+        site: &SiteId,
+        pool: &str,
+        devices: &[meridian_federation::DeviceShare],
+    ) -> BTreeMap<super::quota::Class, u64> {
+        let milli: u64 = devices.iter().map(|d| u64::from(d.milli)).sum();
+        self.state
+            .sites
+            .get(site)
+            .and_then(|s| s.pool(pool))
+            .map(|p| {
+                super::quota::classes_of(p.kind, &p.model)
+                    .into_iter()
+                    .map(|c| (c, milli))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Every job holding devices, for quota accounting.
+    fn holdings(&self, t: &super::quota::Tenancy) -> Vec<super::quota::Holding> {
+        self.state
+            .active_jobs()
+            .filter(|j| j.holds_devices())
+            .filter_map(|j| {
+                let a = j.assignment.as_ref()?;
+                let queue = t.queue_of(&j.spec.tenant, j.spec.queue.as_deref()).ok()?;
+                Some(super::quota::Holding {
+                    job: j.id.clone(),
+                    queue: queue.name.clone(),
+                    priority: t
+                        .priority_of(j.spec.priority.as_deref())
+                        .unwrap_or(t.default_priority),
+                    checkpointable: j.spec.checkpointable,
+                    since_ms: j.offered_ms.unwrap_or(0),
+                    usage: self.class_usage(&a.site, &a.pool, &a.devices),
+                })
+            })
+            .collect()
+    }
+
+    /// Stops a job's attempt to make room for `by` and puts it back in the queue; it resumes from its last
+    /// checkpoint when it runs again.
+    fn preempt(&mut self, now: Millis, victim: &JobId, by: &JobId, reason: &str) {
+        let Some(job) = self.state.jobs.get(victim) else {
+            return;
+        };
+        let Some(site) = job.assignment.as_ref().map(|a| a.site.clone()) else {
+            return;
+        };
+        let by_queue = self
+            .state
+            .jobs
+            .get(by)
+            .map(|j| {
+                j.spec
+                    .queue
+                    .clone()
+                    .unwrap_or_else(|| j.spec.tenant.to_string())
+            })
+            .unwrap_or_default();
+        let why = format!("preempted by {by} (queue {by_queue}): {reason}");
+        self.outbox.push(Command::Cancel {
+            site,
+            cancel: CancelAttempt {
+                v: WIRE_VERSION,
+                job: victim.clone(),
+                attempt: job.attempt,
+                reason: why.clone(),
+            },
+        });
+        self.requeue(now, victim, &why);
     }
 
     /// The order in which a service's live replicas are stopped on scale-in: pending ones first, then those on
@@ -1034,6 +1159,46 @@ impl<J: Journal> Reactor<J> {
         }
         if let Some(((s, p, i), m)) = reserved.into_iter().next() {
             return Err(format!("jobs hold {m} milli of unknown device {s}/{p}/{i}"));
+        }
+        if let Some(t) = &self.tenancy {
+            self.check_quota(t)?;
+        }
+        Ok(())
+    }
+
+    /// No queue beyond its quota plus its borrowing limit; no cohort beyond the sum of its quotas.
+    fn check_quota(&self, t: &super::quota::Tenancy) -> Result<(), String> {
+        let used = super::quota::usage(&self.holdings(t));
+        let mut cohorts: BTreeMap<(String, String), (u64, u64)> = BTreeMap::new();
+        for q in t.queues.values() {
+            for (class, nominal) in &q.nominal {
+                let u = used
+                    .get(&(q.name.clone(), class.clone()))
+                    .copied()
+                    .unwrap_or(0);
+                if let Some(limit) = q.borrowing_limit.get(class) {
+                    if u > nominal + limit {
+                        return Err(format!(
+                            "queue {} uses {u} milli of {class}: over its quota {nominal} plus borrowing limit {limit}",
+                            q.name
+                        ));
+                    }
+                }
+                let key = (
+                    q.cohort.clone().unwrap_or_else(|| q.name.clone()),
+                    class.clone(),
+                );
+                let e = cohorts.entry(key).or_default();
+                e.0 += u;
+                e.1 += nominal;
+            }
+        }
+        for ((cohort, class), (u, n)) in cohorts {
+            if u > n {
+                return Err(format!(
+                    "cohort {cohort} uses {u} milli of {class}, over its quota {n}"
+                ));
+            }
         }
         Ok(())
     }

@@ -760,6 +760,266 @@ fn a_snapshot_plus_the_records_after_it_rebuilds_the_same_state_from_any_point()
 }
 
 // ------------------------------------------------------------------------------------------------------------
+// Quotas and cohorts (invariants checked after every step by the test environment's sanity check).
+
+const COHORT: &str = r#"
+default_priority = "experiment"
+priority_classes = [
+  { name = "production", value = 100 },
+  { name = "experiment", value = 10 },
+]
+[[queues]]
+name = "team-a"
+tenant = "team-a"
+cohort = "research"
+quota = { "gpu:*" = 8 }
+[[queues]]
+name = "team-b"
+tenant = "team-b"
+cohort = "research"
+quota = { "gpu:*" = 8 }
+"#;
+
+fn tenant_job(tenant: &str, key: &str) -> JobSpec {
+    let mut spec = job(key, 1);
+    spec.tenant = TenantId::new(tenant).unwrap();
+    spec
+}
+
+/// Submits, and accepts every offer made.
+fn run_all(env: &mut TestEnv) {
+    for o in env.take_offers() {
+        env.answer(&o, OfferOutcome::Accepted);
+        env.status(&o, AttemptState::Running, 0);
+    }
+}
+
+fn count(env: &TestEnv, tenant: &str, phase: JobPhase) -> usize {
+    env.reactor
+        .state
+        .jobs
+        .values()
+        .filter(|j| j.spec.tenant.as_str() == tenant && j.phase == phase)
+        .count()
+}
+
+#[test]
+fn a_lender_reclaims_its_quota_from_the_borrower_not_from_the_borrowers_own_share() {
+    let mut env = TestEnv::new(trio());
+    env.reactor.tenancy = Some(super::quota::Tenancy::from_toml(COHORT).unwrap());
+    // Team A borrows B's idle 8 GPUs: 16 run (the federation has 24 GPUs; the cohort's quota is 16).
+    for i in 0..17 {
+        env.submit(tenant_job("team-a", &format!("a{i}")));
+        env.advance(10);
+        run_all(&mut env);
+    }
+    assert_eq!(count(&env, "team-a", JobPhase::Running), 16);
+    let waiting = env
+        .reactor
+        .state
+        .jobs
+        .values()
+        .find(|j| j.phase == JobPhase::Pending)
+        .unwrap();
+    assert!(
+        waiting.why.contains("waiting for quota: queue team-a"),
+        "{}",
+        waiting.why
+    );
+    let borrowed_last: Vec<JobId> = {
+        let mut running: Vec<&super::model::Job> = env
+            .reactor
+            .state
+            .jobs
+            .values()
+            .filter(|j| j.phase == JobPhase::Running)
+            .collect();
+        running.sort_by_key(|j| std::cmp::Reverse(j.offered_ms));
+        running.iter().take(4).map(|j| j.id.clone()).collect()
+    };
+
+    // Team B submits 4: within its own quota, so it takes 4 GPUs back from A's borrowed ones.
+    for i in 0..4 {
+        env.submit(tenant_job("team-b", &format!("b{i}")));
+        run_all(&mut env);
+    }
+    assert_eq!(count(&env, "team-b", JobPhase::Running), 4);
+    assert_eq!(
+        count(&env, "team-a", JobPhase::Running),
+        12,
+        "A keeps its own 8 and 4 borrowed"
+    );
+    let preempted: Vec<&super::model::Job> = env
+        .reactor
+        .state
+        .jobs
+        .values()
+        .filter(|j| j.why.starts_with("requeued: preempted by"))
+        .collect();
+    assert_eq!(preempted.len(), 4);
+    for j in &preempted {
+        assert_eq!(j.spec.tenant.as_str(), "team-a");
+        assert_eq!(j.phase, JobPhase::Pending);
+        assert!(
+            borrowed_last.contains(&j.id),
+            "{} was not among the last borrowed",
+            j.id
+        );
+        assert!(
+            j.why.contains("reclaiming gpu:* quota queue team-b lent"),
+            "{}",
+            j.why
+        );
+    }
+    // Each preempted attempt is stopped at its site.
+    let cancels = env
+        .sent
+        .iter()
+        .filter(|c| matches!(c, Command::Cancel { cancel, .. } if cancel.reason.starts_with("preempted by")))
+        .count();
+    assert_eq!(cancels, 4);
+    // B fills its quota: A is back to exactly its own 8, never below.
+    for i in 4..12 {
+        env.submit(tenant_job("team-b", &format!("b{i}")));
+        run_all(&mut env);
+    }
+    assert_eq!(count(&env, "team-b", JobPhase::Running), 8);
+    assert_eq!(count(&env, "team-a", JobPhase::Running), 8);
+    let b_waiting = env
+        .reactor
+        .state
+        .jobs
+        .values()
+        .find(|j| j.spec.tenant.as_str() == "team-b" && j.phase == JobPhase::Pending)
+        .unwrap();
+    assert!(
+        b_waiting
+            .why
+            .contains("waiting for quota: queue team-b uses 8.000 of its 8.000 gpu:*"),
+        "{}",
+        b_waiting.why
+    );
+}
+
+#[test]
+fn a_higher_priority_job_preempts_lower_priority_work_of_its_own_queue_at_quota() {
+    let mut env = TestEnv::new(trio());
+    let t = COHORT.replace("cohort = \"research\"\n", "");
+    env.reactor.tenancy = Some(super::quota::Tenancy::from_toml(&t).unwrap());
+    for i in 0..8 {
+        let mut s = tenant_job("team-a", &format!("exp{i}"));
+        s.checkpointable = i % 2 == 0;
+        env.submit(s);
+        env.advance(10);
+        run_all(&mut env);
+    }
+    assert_eq!(count(&env, "team-a", JobPhase::Running), 8);
+    let mut prod = tenant_job("team-a", "prod");
+    prod.priority = Some("production".into());
+    let id = env.submit(prod);
+    run_all(&mut env);
+    assert_eq!(env.phase(&id), JobPhase::Running);
+    let victim = env
+        .reactor
+        .state
+        .jobs
+        .values()
+        .find(|j| j.why.contains("preempted by"))
+        .unwrap();
+    // Checkpointable work goes first, the most recent of it.
+    assert_eq!(victim.spec.idempotency_key, "exp6");
+    assert!(
+        victim.why.contains("higher-priority job of queue team-a"),
+        "{}",
+        victim.why
+    );
+    // An equal-priority job only waits.
+    let other = env.submit(tenant_job("team-a", "exp-late"));
+    run_all(&mut env);
+    assert_eq!(env.phase(&other), JobPhase::Pending);
+}
+
+#[test]
+fn borrowing_stops_at_the_borrowing_limit_and_unknown_queues_are_refused() {
+    let t = COHORT.replace(
+        "name = \"team-a\"\ntenant = \"team-a\"\ncohort = \"research\"\nquota = { \"gpu:*\" = 8 }",
+        "name = \"team-a\"\ntenant = \"team-a\"\ncohort = \"research\"\nquota = { \"gpu:*\" = 8 }\nborrowing_limit = { \"gpu:*\" = 2 }",
+    );
+    let tenancy = super::quota::Tenancy::from_toml(&t).unwrap();
+    assert_eq!(tenancy.queues["team-a"].borrowing_limit["gpu:*"], 2000);
+    let mut env = TestEnv::new(trio());
+    env.reactor.tenancy = Some(tenancy);
+    for i in 0..11 {
+        env.submit(tenant_job("team-a", &format!("a{i}")));
+        run_all(&mut env);
+    }
+    assert_eq!(count(&env, "team-a", JobPhase::Running), 10);
+    let waiting = env
+        .reactor
+        .state
+        .jobs
+        .values()
+        .find(|j| j.phase == JobPhase::Pending)
+        .unwrap();
+    assert!(
+        waiting.why.contains("over its borrowing limit of 2.000"),
+        "{}",
+        waiting.why
+    );
+
+    let mut stray = tenant_job("team-c", "c0");
+    let err = env
+        .reactor
+        .step(env.now, Event::Submit(stray.clone()))
+        .unwrap_err();
+    assert_eq!(err.field().as_deref(), Some("queue"), "{err}");
+    stray.tenant = TenantId::new("team-a").unwrap();
+    stray.queue = Some("team-b".into());
+    let err = env
+        .reactor
+        .step(env.now, Event::Submit(stray.clone()))
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("belongs to tenant team-b"),
+        "{err}"
+    );
+    stray.queue = None;
+    stray.priority = Some("urgent".into());
+    let err = env.reactor.step(env.now, Event::Submit(stray)).unwrap_err();
+    assert_eq!(err.field().as_deref(), Some("priority"), "{err}");
+}
+
+#[test]
+fn tenancy_files_with_mistakes_are_refused_with_the_queue_named() {
+    for (text, want) in [
+        (
+            "[[queues]]\nname = \"q\"\ntenant = \"t\"\nquota = { \"gpu\" = 1 }",
+            "queue \"q\": class \"gpu\"",
+        ),
+        (
+            "[[queues]]\nname = \"q\"\ntenant = \"t\"\nquota = { \"tpu:*\" = 1 }",
+            "kind must be",
+        ),
+        (
+            "[[queues]]\nname = \"q\"\ntenant = \"t\"\nquota = { \"gpu:*\" = -1 }",
+            "not a number of devices",
+        ),
+        ("default_priority = \"x\"", "default_priority \"x\""),
+        (
+            "[[queues]]\nname = \"q\"\ntenant = \"t\"\n[[queues]]\nname = \"q\"\ntenant = \"t\"",
+            "defined twice",
+        ),
+        (
+            "[[queues]]\nname = \"q\"\ntenant = \"t\"\nspeed = 1",
+            "unknown field",
+        ),
+    ] {
+        let err = super::quota::Tenancy::from_toml(text).unwrap_err();
+        assert!(err.contains(want), "{text}: {err}");
+    }
+}
+
+// ------------------------------------------------------------------------------------------------------------
 // Oracle: the placer never breaks a hard constraint, respects the tier order, and under the cost policy never
 // loses to a brute-force scan of every site on its own objective.
 

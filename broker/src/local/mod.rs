@@ -37,6 +37,9 @@ pub struct BrokerSection {
     /// Relative-throughput table, relative to the federation file.
     #[serde(default)]
     pub throughput: Option<PathBuf>,
+    /// Queues, quotas and priority classes, relative to the federation file.
+    #[serde(default)]
+    pub tenancy: Option<PathBuf>,
     #[serde(default)]
     pub site_lost_after_ms: Option<u64>,
     #[serde(default)]
@@ -168,6 +171,9 @@ impl LocalFederation {
         }
         if let Some(t) = &fed.broker.throughput {
             args.extend(["--throughput".into(), base.join(t).into_os_string()]);
+        }
+        if let Some(t) = &fed.broker.tenancy {
+            args.extend(["--tenancy".into(), base.join(t).into_os_string()]);
         }
         if let Some(ms) = fed.broker.site_lost_after_ms {
             args.extend(["--site-lost-after-ms".into(), ms.to_string().into()]);

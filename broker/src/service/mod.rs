@@ -54,6 +54,10 @@ pub struct BrokerConfig {
     /// Relative-throughput table of accelerator models (TOML, see configs/throughput.toml).
     #[arg(long)]
     pub throughput: Option<PathBuf>,
+    /// Queues, quotas and priority classes (TOML, see configs/tenancy.toml); without it nothing is limited by
+    /// quota.
+    #[arg(long)]
+    pub tenancy: Option<PathBuf>,
     /// Name of this broker in the lease and the journal (default: host name and process id).
     #[arg(long)]
     pub name: Option<String>,
@@ -190,6 +194,18 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
     }
     // Whether the broker's own connection is up: sites are not judged by heartbeats it could not hear.
     let (connected_tx, connected) = tokio::sync::watch::channel(true);
+    if let Some(path) = &cfg.tenancy {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let t = crate::core::quota::Tenancy::from_toml(&text)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        tracing::info!(
+            "{} queues, {} priority classes",
+            t.queues.len(),
+            t.priorities.len()
+        );
+        reactor.tenancy = Some(t);
+    }
     let client = async_nats::ConnectOptions::new()
         .name("meridian broker")
         .retry_on_initial_connect()

@@ -1,0 +1,406 @@
+//! Queues, quotas and cohorts across the whole federation (pure).
+//!
+//! A tenant owns queues; each queue has a nominal quota per resource class — an accelerator kind and model
+//! (`gpu:H100`) or a kind and any model (`gpu:*`) — counted in milli-devices over every site at once. Queues in
+//! a cohort lend their idle quota to each other: a queue may run beyond its nominal quota (borrow, up to its
+//! borrowing limit) while the cohort as a whole stays within the sum of its members' quotas. A lender whose own
+//! work arrives while its quota is lent out reclaims it by preempting borrowers' jobs — only from queues above
+//! their nominal quota, lowest priority first, checkpointable jobs first, the most recently started first. A
+//! queue at its quota may also preempt its own jobs of lower priority.
+//!
+//! A class that no queue of the cohort names is not limited.
+
+use super::Millis;
+use meridian_federation::{AcceleratorKind, JobId, TenantId};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// A resource class key, `kind:model` or `kind:*`.
+pub type Class = String;
+
+/// The classes a share of a pool of `kind`/`model` counts against.
+pub fn classes_of(kind: AcceleratorKind, model: &str) -> [Class; 2] {
+    let k = kind_name(kind);
+    [format!("{k}:{model}"), format!("{k}:*")]
+}
+
+fn kind_name(kind: AcceleratorKind) -> &'static str {
+    match kind {
+        AcceleratorKind::Gpu => "gpu",
+        AcceleratorKind::Npu => "npu",
+        AcceleratorKind::Dpu => "dpu",
+        AcceleratorKind::Cpu => "cpu",
+    }
+}
+
+/// The tenancy file (TOML): priority classes and queues.
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenancyFile {
+    #[serde(default)]
+    pub priority_classes: Vec<PriorityClassFile>,
+    /// The priority class of a job that names none.
+    #[serde(default)]
+    pub default_priority: Option<String>,
+    #[serde(default)]
+    pub queues: Vec<QueueFile>,
+}
+
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PriorityClassFile {
+    pub name: String,
+    /// Higher runs first and may preempt lower.
+    pub value: i32,
+}
+
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueueFile {
+    pub name: String,
+    pub tenant: String,
+    #[serde(default)]
+    pub cohort: Option<String>,
+    /// Nominal quota per class, in devices (fractions allowed: 0.5 = 500 milli).
+    #[serde(default)]
+    pub quota: BTreeMap<String, f64>,
+    /// The most this queue may borrow beyond its quota, per class, in devices (unlimited when absent).
+    #[serde(default)]
+    pub borrowing_limit: BTreeMap<String, f64>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Queue {
+    pub name: String,
+    pub tenant: TenantId,
+    pub cohort: Option<String>,
+    pub nominal: BTreeMap<Class, u64>,
+    pub borrowing_limit: BTreeMap<Class, u64>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Tenancy {
+    pub queues: BTreeMap<String, Queue>,
+    pub priorities: BTreeMap<String, i32>,
+    pub default_priority: i32,
+}
+
+fn parse_class(s: &str) -> Result<Class, String> {
+    let (kind, model) = s
+        .split_once(':')
+        .ok_or_else(|| format!("class {s:?}: expected KIND:MODEL or KIND:*"))?;
+    if !matches!(kind, "gpu" | "npu" | "dpu" | "cpu") {
+        return Err(format!("class {s:?}: kind must be gpu, npu, dpu or cpu"));
+    }
+    if model.is_empty() {
+        return Err(format!("class {s:?}: empty model (use * for any)"));
+    }
+    Ok(s.to_owned())
+}
+
+fn milli(class: &str, devices: f64, what: &str) -> Result<u64, String> {
+    if !devices.is_finite() || devices < 0.0 {
+        return Err(format!(
+            "{what} for {class}: {devices} is not a number of devices"
+        ));
+    }
+    Ok((devices * 1000.0).round() as u64)
+}
+
+impl Tenancy {
+    /// Reads a tenancy file; errors name the queue and field.
+    pub fn from_toml(text: &str) -> Result<Tenancy, String> {
+        let file: TenancyFile = toml::from_str(text).map_err(|e| e.to_string())?;
+        let mut t = Tenancy::default();
+        for p in &file.priority_classes {
+            if t.priorities.insert(p.name.clone(), p.value).is_some() {
+                return Err(format!("priority class {:?} is defined twice", p.name));
+            }
+        }
+        if let Some(d) = &file.default_priority {
+            t.default_priority = *t
+                .priorities
+                .get(d)
+                .ok_or_else(|| format!("default_priority {d:?} is not a priority class"))?;
+        }
+        for q in &file.queues {
+            let at = |e: String| format!("queue {:?}: {e}", q.name);
+            let tenant = TenantId::new(&q.tenant).map_err(|e| at(format!("tenant: {e}")))?;
+            let mut nominal = BTreeMap::new();
+            for (c, d) in &q.quota {
+                let c = parse_class(c).map_err(at)?;
+                nominal.insert(c.clone(), milli(&c, *d, "quota").map_err(at)?);
+            }
+            let mut borrowing_limit = BTreeMap::new();
+            for (c, d) in &q.borrowing_limit {
+                let c = parse_class(c).map_err(at)?;
+                borrowing_limit.insert(c.clone(), milli(&c, *d, "borrowing_limit").map_err(at)?);
+            }
+            let queue = Queue {
+                name: q.name.clone(),
+                tenant,
+                cohort: q.cohort.clone(),
+                nominal,
+                borrowing_limit,
+            };
+            if t.queues.insert(q.name.clone(), queue).is_some() {
+                return Err(format!("queue {:?} is defined twice", q.name));
+            }
+        }
+        Ok(t)
+    }
+
+    /// The queue a job of `tenant` naming `queue` (or none: the queue named after the tenant) goes to.
+    pub fn queue_of(&self, tenant: &TenantId, queue: Option<&str>) -> Result<&Queue, String> {
+        let name = queue.unwrap_or(tenant.as_str());
+        let q = self.queues.get(name).ok_or_else(|| {
+            let known: Vec<&str> = self.queues.keys().map(String::as_str).collect();
+            format!("unknown queue {name:?}; queues: {}", known.join(", "))
+        })?;
+        if &q.tenant != tenant {
+            return Err(format!(
+                "queue {name:?} belongs to tenant {}, not {tenant}",
+                q.tenant
+            ));
+        }
+        Ok(q)
+    }
+
+    pub fn priority_of(&self, name: Option<&str>) -> Result<i32, String> {
+        match name {
+            None => Ok(self.default_priority),
+            Some(n) => self.priorities.get(n).copied().ok_or_else(|| {
+                let known: Vec<&str> = self.priorities.keys().map(String::as_str).collect();
+                format!(
+                    "unknown priority class {n:?}; classes: {}",
+                    known.join(", ")
+                )
+            }),
+        }
+    }
+
+    /// The queues sharing quota with `queue` (itself included).
+    fn cohort<'a>(&'a self, queue: &'a Queue) -> Vec<&'a Queue> {
+        match &queue.cohort {
+            None => vec![queue],
+            Some(c) => self
+                .queues
+                .values()
+                .filter(|q| q.cohort.as_deref() == Some(c.as_str()))
+                .collect(),
+        }
+    }
+}
+
+/// A job that holds devices, as quota accounting sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Holding {
+    pub job: JobId,
+    pub queue: String,
+    pub priority: i32,
+    pub checkpointable: bool,
+    /// When its current attempt was offered (the most recent are preempted first).
+    pub since_ms: Millis,
+    /// Milli-devices per class.
+    pub usage: BTreeMap<Class, u64>,
+}
+
+/// Milli-devices in use per (queue, class).
+pub fn usage(holdings: &[Holding]) -> BTreeMap<(String, Class), u64> {
+    let mut u = BTreeMap::new();
+    for h in holdings {
+        for (c, m) in &h.usage {
+            *u.entry((h.queue.clone(), c.clone())).or_default() += m;
+        }
+    }
+    u
+}
+
+/// What quota says about a job that placement could put somewhere now.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Admission {
+    Admit,
+    /// Admit after stopping these jobs (requeued), for the stated reason.
+    Preempt {
+        victims: Vec<JobId>,
+        reason: String,
+    },
+    /// Wait: which quota holds it, in words.
+    Wait(String),
+}
+
+fn devices(m: u64) -> String {
+    format!("{}.{:03}", m / 1000, m % 1000)
+}
+
+/// Decides whether a job of `queue` with `priority` may take `demand` (milli-devices per class) given what
+/// runs now.
+pub fn admit(
+    tenancy: &Tenancy,
+    holdings: &[Holding],
+    queue: &Queue,
+    priority: i32,
+    demand: &BTreeMap<Class, u64>,
+) -> Admission {
+    let used = usage(holdings);
+    let used_by = |q: &str, c: &str| {
+        used.get(&(q.to_owned(), c.to_owned()))
+            .copied()
+            .unwrap_or(0)
+    };
+    let cohort = tenancy.cohort(queue);
+    let mut victims: BTreeSet<JobId> = BTreeSet::new();
+    let mut reasons = Vec::new();
+    for (class, &d) in demand {
+        if !cohort.iter().any(|q| q.nominal.contains_key(class)) {
+            continue; // nobody limits this class
+        }
+        let nominal = queue.nominal.get(class).copied().unwrap_or(0);
+        let own = used_by(&queue.name, class);
+        let total_nominal: u64 = cohort
+            .iter()
+            .map(|q| q.nominal.get(class).copied().unwrap_or(0))
+            .sum();
+        let total_used: u64 = cohort.iter().map(|q| used_by(&q.name, class)).sum();
+        let borrow = (own + d).saturating_sub(nominal);
+        if let Some(limit) = queue.borrowing_limit.get(class) {
+            if borrow > *limit {
+                return Admission::Wait(format!(
+                    "waiting for quota: queue {} would borrow {} {class} beyond its quota of {}, over its borrowing limit of {}",
+                    queue.name,
+                    devices(borrow),
+                    devices(nominal),
+                    devices(*limit)
+                ));
+            }
+        }
+        if total_used + d <= total_nominal {
+            continue; // within the cohort's quota (borrowing what others leave idle, if need be)
+        }
+        let short = total_used + d - total_nominal;
+        let chosen = if own + d <= nominal {
+            // Within its own quota: take back what it lent.
+            let excess: BTreeMap<&str, u64> = cohort
+                .iter()
+                .filter(|q| q.name != queue.name)
+                .map(|q| {
+                    let n = q.nominal.get(class).copied().unwrap_or(0);
+                    (q.name.as_str(), used_by(&q.name, class).saturating_sub(n))
+                })
+                .collect();
+            pick(
+                holdings,
+                class,
+                short,
+                |h| h.queue != queue.name && excess.get(h.queue.as_str()).is_some_and(|e| *e > 0),
+                &excess,
+            )
+            .map(|v| {
+                (
+                    v,
+                    format!(
+                        "reclaiming {class} quota queue {} lent to its cohort",
+                        queue.name
+                    ),
+                )
+            })
+        } else {
+            // At or over its own quota: only its own lower-priority work can make room.
+            let own_excess: BTreeMap<&str, u64> = [(queue.name.as_str(), u64::MAX)].into();
+            pick(
+                holdings,
+                class,
+                short,
+                |h| h.queue == queue.name && h.priority < priority,
+                &own_excess,
+            )
+            .map(|v| {
+                (
+                    v,
+                    format!(
+                        "a higher-priority job of queue {} needs its {class} quota",
+                        queue.name
+                    ),
+                )
+            })
+        };
+        match chosen {
+            Some((v, why)) => {
+                victims.extend(v);
+                reasons.push(why);
+            }
+            None => {
+                return Admission::Wait(format!(
+                    "waiting for quota: queue {} uses {} of its {} {class}; its cohort uses {} of {}, {} short",
+                    queue.name,
+                    devices(own),
+                    devices(nominal),
+                    devices(total_used),
+                    devices(total_nominal),
+                    devices(short)
+                ))
+            }
+        }
+    }
+    if victims.is_empty() {
+        Admission::Admit
+    } else {
+        Admission::Preempt {
+            victims: victims.into_iter().collect(),
+            reason: reasons.join("; "),
+        }
+    }
+}
+
+/// Jobs to stop so that at least `short` milli of `class` is freed: among `eligible` holdings, lowest priority,
+/// checkpointable, most recent first, never taking a queue below its nominal quota (`excess` = how far each
+/// queue is above it). `None` if they cannot free enough.
+fn pick(
+    holdings: &[Holding],
+    class: &str,
+    short: u64,
+    eligible: impl Fn(&Holding) -> bool,
+    excess: &BTreeMap<&str, u64>,
+) -> Option<Vec<JobId>> {
+    let mut candidates: Vec<&Holding> = holdings
+        .iter()
+        .filter(|h| eligible(h) && h.usage.get(class).is_some_and(|m| *m > 0))
+        .collect();
+    candidates.sort_by_key(|h| {
+        (
+            h.priority,
+            !h.checkpointable,
+            std::cmp::Reverse(h.since_ms),
+            std::cmp::Reverse(h.job.clone()),
+        )
+    });
+    let mut left: BTreeMap<&str, u64> = excess.clone();
+    let mut freed = 0;
+    let mut out = Vec::new();
+    for h in candidates {
+        if freed >= short {
+            break;
+        }
+        let m = h.usage.get(class).copied().unwrap_or(0);
+        let room = left.get(h.queue.as_str()).copied().unwrap_or(0);
+        if m > room {
+            continue;
+        }
+        left.insert(h.queue.as_str(), room.saturating_sub(m));
+        freed += m;
+        out.push(h.job.clone());
+    }
+    (freed >= short).then_some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_example_tenancy_file_reads() {
+        let t = super::Tenancy::from_toml(include_str!("../../../configs/tenancy.toml"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(t.queues.len(), 3);
+        assert_eq!(t.priorities.len(), 4);
+        assert_eq!(t.default_priority, 100);
+        assert_eq!(t.queues["search"].nominal["gpu:H100"], 8000);
+    }
+}
