@@ -234,9 +234,13 @@ fn devices(m: u64) -> String {
 
 /// Decides whether a job of `queue` with `priority` may take `demand` (milli-devices per class) given what
 /// runs now.
+///
+/// `waiting` lists the demand of pending jobs by queue: a queue does not borrow while another queue of its
+/// cohort has work waiting that its own quota covers (the borrowed share would only be preempted again).
 pub fn admit(
     tenancy: &Tenancy,
     holdings: &[Holding],
+    waiting: &[(String, BTreeMap<Class, u64>)],
     queue: &Queue,
     priority: i32,
     demand: &BTreeMap<Class, u64>,
@@ -270,6 +274,27 @@ pub fn admit(
                     devices(borrow),
                     devices(nominal),
                     devices(*limit)
+                ));
+            }
+        }
+        if borrow > 0 {
+            let lender = waiting.iter().find(|(q, w)| {
+                q != &queue.name
+                    && cohort.iter().any(|c| &c.name == q)
+                    && w.get(class).is_some_and(|m| {
+                        let n = tenancy
+                            .queues
+                            .get(q)
+                            .and_then(|x| x.nominal.get(class))
+                            .copied()
+                            .unwrap_or(0);
+                        used_by(q, class) + m <= n
+                    })
+            });
+            if let Some((q, _)) = lender {
+                return Admission::Wait(format!(
+                    "waiting for quota: queue {} has {class} work waiting within its own quota; queue {} does not borrow meanwhile",
+                    q, queue.name
                 ));
             }
         }

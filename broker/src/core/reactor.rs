@@ -849,6 +849,31 @@ impl<J: Journal> Reactor<J> {
             return;
         }
         job.refused_until.retain(|(_, u)| *u > now);
+        // Quota first, on the classes the job counts against whatever pool it gets: a job its queue cannot
+        // take waits for quota, not for capacity; a lender taking its quota back frees the borrowed devices
+        // before placement looks for some.
+        let demand = Self::spec_demand(&job.spec);
+        match self.admit_demand(id, &demand) {
+            super::quota::Admission::Admit => {}
+            super::quota::Admission::Wait(why) => {
+                if let Some(job) = self.state.jobs.get_mut(id) {
+                    if job.why != why {
+                        job.note(now, why.clone());
+                    }
+                    job.why = why;
+                    job.retry_at_ms = None;
+                }
+                return;
+            }
+            super::quota::Admission::Preempt { victims, reason } => {
+                for v in &victims {
+                    self.preempt(now, v, id, &reason);
+                }
+            }
+        }
+        let Some(job) = self.state.jobs.get_mut(id) else {
+            return;
+        };
         let refused: Vec<SiteId> = job.refused_sites(now).cloned().collect();
         let view = View {
             sites: &self.state.sites,
@@ -943,6 +968,16 @@ impl<J: Journal> Reactor<J> {
 
     /// What quota says about placing job `id` as `choice` (admitted when there is no tenancy).
     fn admission(&self, id: &JobId, choice: &placement::Choice) -> super::quota::Admission {
+        let demand = self.class_usage(&choice.site, &choice.pool, &choice.devices);
+        self.admit_demand(id, &demand)
+    }
+
+    /// What quota says about job `id` taking `demand` (admitted when there is no tenancy).
+    fn admit_demand(
+        &self,
+        id: &JobId,
+        demand: &BTreeMap<super::quota::Class, u64>,
+    ) -> super::quota::Admission {
         use super::quota::{admit, Admission};
         let (Some(t), Some(job)) = (&self.tenancy, self.state.jobs.get(id)) else {
             return Admission::Admit;
@@ -953,8 +988,35 @@ impl<J: Journal> Reactor<J> {
         let priority = t
             .priority_of(job.spec.priority.as_deref())
             .unwrap_or(t.default_priority);
-        let demand = self.class_usage(&choice.site, &choice.pool, &choice.devices);
-        admit(t, &self.holdings(t), queue, priority, &demand)
+        let waiting: Vec<(String, BTreeMap<super::quota::Class, u64>)> = self
+            .state
+            .pending
+            .iter()
+            .filter(|p| *p != id)
+            .filter_map(|p| self.state.jobs.get(p))
+            .filter(|j| j.phase == JobPhase::Pending)
+            .filter_map(|j| {
+                let q = t.queue_of(&j.spec.tenant, j.spec.queue.as_deref()).ok()?;
+                Some((q.name.clone(), Self::spec_demand(&j.spec)))
+            })
+            .collect();
+        admit(t, &self.holdings(t), &waiting, queue, priority, demand)
+    }
+
+    /// The classes a job counts against whatever pool it gets: `kind:*`, and `kind:model` when it allows one
+    /// model only.
+    fn spec_demand(spec: &JobSpec) -> BTreeMap<super::quota::Class, u64> {
+        let mut demand = BTreeMap::new();
+        let milli = spec.resources.milli_per_replica() * u64::from(spec.replicas.max(1));
+        let any = super::quota::classes_of(spec.resources.kind, "*");
+        demand.insert(any[1].clone(), milli);
+        if let [model] = spec.resources.models.as_slice() {
+            demand.insert(
+                super::quota::classes_of(spec.resources.kind, model)[0].clone(),
+                milli,
+            );
+        }
+        demand
     }
 
     /// Milli-devices per quota class of a share of a pool.

@@ -1,0 +1,111 @@
+//! Tenancy through the real broker and agents: two tenants share a cohort; one borrows the other's idle quota;
+//! the lender's work takes it back by preemption; a preempted checkpointable job resumes from its checkpoint
+//! (the contract: write the checkpoint's URI to `$MERIDIAN_CHECKPOINT_FILE`, find it in `$MERIDIAN_RESUME_FROM`
+//! when run again) and finishes.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
+
+use meridian_e2e::*;
+use serde_json::json;
+use std::time::Duration;
+
+const LONG: Duration = Duration::from_secs(60);
+
+const TENANCY: &str = r#"
+[[queues]]
+name = "lender"
+tenant = "lender"
+cohort = "shared"
+quota = { "gpu:*" = 2 }
+[[queues]]
+name = "borrower"
+tenant = "borrower"
+cohort = "shared"
+quota = { "gpu:*" = 2 }
+"#;
+
+#[test]
+fn a_lender_reclaims_its_quota_and_the_preempted_job_resumes_from_its_checkpoint() {
+    let scratch = tempfile::tempdir().unwrap();
+    let tenancy = scratch.path().join("tenancy.toml");
+    std::fs::write(&tenancy, TENANCY).unwrap();
+    let f = Fed::generated(
+        &[SiteSpec::new("only", "owned", "A100", 4, 1.0)],
+        &format!("tenancy = {:?}", tenancy.display().to_string()),
+    );
+    let witness = scratch.path().join("witness");
+    // Checkpoints once running; on a resumed run, records where it resumed from and ends at once.
+    let resumable = format!(
+        "if [ -n \"$MERIDIAN_RESUME_FROM\" ]; then echo \"$MERIDIAN_JOB_ID resumed $MERIDIAN_RESUME_FROM\" >> {w}; exit 0; fi; \
+         echo \"file:///shared/ckpt/$MERIDIAN_JOB_ID/step-100\" > \"$MERIDIAN_CHECKPOINT_FILE\"; sleep 60",
+        w = witness.display()
+    );
+    let mut borrowed = Vec::new();
+    for i in 0..4 {
+        let mut spec = job(&format!("b{i}"), 1, &resumable);
+        spec["tenant"] = json!("borrower");
+        spec["checkpointable"] = json!(true);
+        borrowed.push(f.submit(&spec));
+    }
+    for id in &borrowed {
+        f.wait_phase(id, "running", LONG);
+    }
+    // The checkpoints are reported (agents look at each heartbeat).
+    f.wait_until("checkpoints reported", LONG, || {
+        borrowed
+            .iter()
+            .all(|id| f.job(id)["checkpoint"].as_str().is_some())
+    });
+
+    // A third borrower job waits: the cohort's quota (4) is in use.
+    let mut extra = job("b-extra", 1, "true");
+    extra["tenant"] = json!("borrower");
+    let extra = f.submit(&extra);
+    std::thread::sleep(Duration::from_millis(500));
+    let why = f.explain(&extra)["why"].as_str().unwrap().to_owned();
+    assert!(why.contains("waiting for quota: queue borrower"), "{why}");
+
+    // The lender's two jobs take its quota back: two borrowed jobs are preempted, not the borrower's own two.
+    let mut lent = Vec::new();
+    for i in 0..2 {
+        let mut spec = job(&format!("l{i}"), 1, "sleep 2");
+        spec["tenant"] = json!("lender");
+        lent.push(f.submit(&spec));
+    }
+    for id in &lent {
+        f.wait_phase(id, "running", LONG);
+    }
+    let preempted: Vec<&String> = borrowed
+        .iter()
+        .filter(|id| {
+            let e = f.explain(id);
+            e["history"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|h| h.as_str().unwrap_or("").contains("preempted by"))
+        })
+        .collect();
+    assert_eq!(preempted.len(), 2, "{preempted:?}");
+    let still: usize = borrowed
+        .iter()
+        .filter(|id| f.job(id)["phase"] == "running" && f.job(id)["attempt"] == 1)
+        .count();
+    assert_eq!(still, 2, "the borrower keeps its own quota");
+
+    // When the lender's jobs end, the preempted ones run again and resume from their checkpoints.
+    for id in &lent {
+        f.wait_phase(id, "succeeded", LONG);
+    }
+    for id in &preempted {
+        let done = f.wait_phase(id, "succeeded", LONG);
+        assert_eq!(done["attempt"], 2, "{done}");
+    }
+    let w = std::fs::read_to_string(&witness).unwrap();
+    for id in &preempted {
+        assert!(
+            w.contains(&format!("{id} resumed file:///shared/ckpt/{id}/step-100")),
+            "{w}"
+        );
+    }
+    f.wait_phase(&extra, "succeeded", LONG);
+}
