@@ -68,6 +68,13 @@ impl Client {
         self.raw(api::SUBMIT, body).await
     }
 
+    pub async fn report(
+        &self,
+        req: &meridian_federation::ReportRequest,
+    ) -> anyhow::Result<meridian_federation::ReportView> {
+        self.call(api::REPORT, req).await
+    }
+
     pub async fn jobs(&self) -> anyhow::Result<Vec<meridian_federation::JobView>> {
         self.call(api::LIST_JOBS, &Empty { v: WIRE_VERSION }).await
     }

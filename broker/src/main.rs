@@ -35,6 +35,8 @@ struct Cli {
 enum Output {
     Table,
     Json,
+    /// Comma-separated values (`report` only).
+    Csv,
 }
 
 #[derive(Subcommand, Debug)]
@@ -66,6 +68,18 @@ enum Cmd {
         remove: u32,
         #[arg(long)]
         tenant: meridian_federation::TenantId,
+    },
+    /// The metering ledger per tenant, site and accelerator model: accelerator-hours, USD, kWh (PUE included),
+    /// kgCO2e, queue wait and attempts, for the attempts offered in a window.
+    Report {
+        #[arg(long)]
+        tenant: Option<meridian_federation::TenantId>,
+        /// From this instant (UTC, `YYYY-MM-DDTHH:MMZ`).
+        #[arg(long)]
+        from: Option<String>,
+        /// Until this instant (UTC, `YYYY-MM-DDTHH:MMZ`), exclusive.
+        #[arg(long)]
+        to: Option<String>,
     },
     /// Bring up a local federation (nats-server, broker, one agent per site) until Ctrl-C.
     Up {
@@ -197,6 +211,9 @@ fn print<T: Serialize>(output: Output, value: &T, table: impl FnOnce(&T)) -> any
     match output {
         Output::Json => println!("{}", serde_json::to_string_pretty(value)?),
         Output::Table => table(value),
+        Output::Csv => {
+            anyhow::bail!("--output csv is for `meridian report`; use table or json here")
+        }
     }
     Ok(true)
 }
@@ -524,6 +541,20 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
                         }
                     })
                 }
+                Cmd::Report { tenant, from, to } => {
+                    let req = meridian_federation::ReportRequest {
+                        v: meridian_federation::WIRE_VERSION,
+                        tenant,
+                        from_ms: from.as_deref().map(parse_start).transpose()?,
+                        to_ms: to.as_deref().map(parse_start).transpose()?,
+                    };
+                    let r = client.report(&req).await?;
+                    if out == Output::Csv {
+                        print_report_csv(&r);
+                        return Ok(true);
+                    }
+                    print(out, &r, print_report_table)
+                }
                 Cmd::Drain { site, undo } => {
                     let s = client.drain(&site, !undo).await?;
                     print(out, &s, |s| println!("{} draining: {}", s.site, s.draining))
@@ -534,6 +565,61 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
                 | Cmd::Sim { .. }
                 | Cmd::Bench { .. } => Ok(true),
             }
+        }
+    }
+}
+
+fn report_sections(
+    r: &meridian_federation::ReportView,
+) -> [(&'static str, Vec<&meridian_federation::ReportRow>); 4] {
+    [
+        ("tenant", r.by_tenant.iter().collect()),
+        ("site", r.by_site.iter().collect()),
+        ("model", r.by_model.iter().collect()),
+        ("total", vec![&r.total]),
+    ]
+}
+
+fn print_report_table(r: &meridian_federation::ReportView) {
+    println!(
+        "{:<7} {:<20} {:>6} {:>8} {:>12} {:>12} {:>10} {:>10} {:>11}",
+        "BY", "KEY", "JOBS", "ATTEMPTS", "DEVICE-H", "USD", "kWh", "kgCO2e", "WAIT s"
+    );
+    for (by, rows) in report_sections(r) {
+        for x in rows {
+            println!(
+                "{:<7} {:<20} {:>6} {:>8} {:>12.3} {:>12.2} {:>10.3} {:>10.3} {:>11.1}",
+                by,
+                x.key,
+                x.jobs,
+                x.attempts,
+                x.device_milli_ms as f64 / 3.6e9,
+                x.cost_micro_usd as f64 / 1e6,
+                x.energy_wh as f64 / 1e3,
+                x.co2_g as f64 / 1e3,
+                x.wait_ms as f64 / 1e3
+            );
+        }
+    }
+    println!("JOBS per site or model counts a job in every row it ran in; the other columns add up to the total.");
+}
+
+/// The report as CSV, in the ledger's integer units.
+fn print_report_csv(r: &meridian_federation::ReportView) {
+    println!("by,key,jobs,attempts,device_milli_ms,cost_micro_usd,energy_wh,co2_g,wait_ms");
+    for (by, rows) in report_sections(r) {
+        for x in rows {
+            println!(
+                "{by},{},{},{},{},{},{},{},{}",
+                x.key,
+                x.jobs,
+                x.attempts,
+                x.device_milli_ms,
+                x.cost_micro_usd,
+                x.energy_wh,
+                x.co2_g,
+                x.wait_ms
+            );
         }
     }
 }

@@ -108,4 +108,51 @@ fn a_lender_reclaims_its_quota_and_the_preempted_job_resumes_from_its_checkpoint
         );
     }
     f.wait_phase(&extra, "succeeded", LONG);
+
+    // The report's totals match the job records, summed here independently.
+    let out = f.cli(&["--output", "json", "report"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (_, jobs) = f.get("/v1/jobs");
+    let jobs = jobs["ok"].as_array().unwrap();
+    for field in ["cost_micro_usd", "energy_wh", "co2_g"] {
+        let sum: u64 = jobs
+            .iter()
+            .map(|j| j["metered"][field].as_u64().unwrap())
+            .sum();
+        assert_eq!(
+            report["total"][field].as_u64().unwrap(),
+            sum,
+            "{field}: {report}"
+        );
+    }
+    assert!(
+        report["total"]["cost_micro_usd"].as_u64().unwrap() > 0,
+        "{report}"
+    );
+    assert_eq!(report["total"]["jobs"], jobs.len(), "{report}");
+    let attempts: u64 = jobs.iter().map(|j| j["attempt"].as_u64().unwrap()).sum();
+    assert_eq!(report["total"]["attempts"], attempts, "{report}");
+    let tenants: Vec<&str> = report["by_tenant"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(tenants, ["borrower", "lender"]);
+    let csv = f.cli(&["--output", "csv", "report", "--tenant", "lender"]);
+    let csv = String::from_utf8_lossy(&csv.stdout);
+    assert!(
+        csv.starts_with("by,key,jobs,attempts,device_milli_ms"),
+        "{csv}"
+    );
+    assert!(csv.contains("\ntenant,lender,2,2,"), "{csv}");
+    // A bad request names the field.
+    let (status, v) = f.get("/v1/report?from_ms=yesterday");
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["field"], "from_ms", "{v}");
 }

@@ -700,6 +700,51 @@ pub struct ScaleInRequest {
     pub remove: u32,
 }
 
+/// Ask for the metering ledger: attempts offered in `[from_ms, to_ms)` (all when absent), of one tenant or all.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReportRequest {
+    #[serde(default = "v1")]
+    pub v: u32,
+    #[serde(default)]
+    pub tenant: Option<TenantId>,
+    #[serde(default)]
+    pub from_ms: Option<u64>,
+    #[serde(default)]
+    pub to_ms: Option<u64>,
+}
+
+/// One line of a report: sums over the attempts (runs) it covers, in integer units.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReportRow {
+    /// The tenant, site or `kind:model` (or `total`).
+    pub key: String,
+    /// Jobs with at least one attempt in the row.
+    pub jobs: u64,
+    pub attempts: u64,
+    /// Accelerator time: milli-devices × milliseconds (1 device-hour = 3,600,000,000).
+    pub device_milli_ms: u64,
+    pub cost_micro_usd: u64,
+    /// Energy at the wall, PUE included.
+    pub energy_wh: u64,
+    pub co2_g: u64,
+    /// Queue wait: from submission to the first start, summed over the row's jobs (each counted in the row
+    /// of its first attempt).
+    pub wait_ms: u64,
+}
+
+/// The metering ledger summed per tenant, per site and per accelerator model.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReportView {
+    pub tenant: Option<TenantId>,
+    pub from_ms: Option<u64>,
+    pub to_ms: Option<u64>,
+    pub by_tenant: Vec<ReportRow>,
+    pub by_site: Vec<ReportRow>,
+    pub by_model: Vec<ReportRow>,
+    pub total: ReportRow,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ScaleInReply {
     /// Replicas being stopped, in the order chosen.

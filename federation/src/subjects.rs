@@ -94,6 +94,8 @@ pub mod api {
     pub const DRAIN: &str = "meridian.v1.api.sites.drain";
     /// [`crate::ScaleInRequest`] → [`crate::ScaleInReply`].
     pub const SCALE_IN: &str = "meridian.v1.api.services.scale_in";
+    /// The metering ledger (`ReportRequest` → `ReportView`).
+    pub const REPORT: &str = "meridian.v1.api.report";
     /// All API subjects, for the broker's subscription.
     pub const ALL: &str = "meridian.v1.api.>";
 }

@@ -415,6 +415,19 @@ impl Validate for ScaleInRequest {
     }
 }
 
+impl Validate for ReportRequest {
+    versioned!(ReportRequest);
+
+    fn validate(&self) -> R {
+        if let (Some(f), Some(t)) = (self.from_ms, self.to_ms) {
+            if f >= t {
+                return bad("to_ms", "must be after from_ms");
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Validate for DrainRequest {
     versioned!(DrainRequest);
 

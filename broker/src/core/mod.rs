@@ -4,6 +4,7 @@ pub mod index;
 pub mod inference;
 pub mod journal;
 pub mod latency;
+pub mod ledger;
 pub mod metering;
 pub mod model;
 pub mod placement;

@@ -232,6 +232,26 @@ pub struct Assignment {
     pub devices: Vec<DeviceShare>,
 }
 
+/// One attempt of a job in the metering ledger: where it ran and what it used, in integer units.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Run {
+    pub attempt: u32,
+    pub site: SiteId,
+    pub pool: String,
+    pub model: String,
+    /// Milli-devices held.
+    pub milli: u64,
+    pub offered_ms: Millis,
+    /// When the agent first reported it running.
+    pub started_ms: Option<Millis>,
+    /// Run time reported when it ended (0 until then).
+    pub runtime_ms: u64,
+    /// Money, energy (PUE included) and carbon of the run, metered when it ended.
+    pub amounts: Amounts,
+    /// Whether its end was metered (each attempt is metered once).
+    pub metered: bool,
+}
+
 /// A job as the broker records it.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Job {
@@ -262,6 +282,9 @@ pub struct Job {
     /// When a waiting job should be tried again even if nothing changes (its burst time).
     pub retry_at_ms: Option<Millis>,
     pub history: Vec<(Millis, String)>,
+    /// Every attempt offered, in order: the metering ledger of this job.
+    #[serde(default)]
+    pub runs: Vec<Run>,
 }
 
 impl Job {
@@ -288,6 +311,7 @@ impl Job {
             cancel_requested: false,
             retry_at_ms: None,
             history: vec![(now, "submitted".into())],
+            runs: Vec::new(),
         }
     }
 

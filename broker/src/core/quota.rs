@@ -19,17 +19,8 @@ pub type Class = String;
 
 /// The classes a share of a pool of `kind`/`model` counts against.
 pub fn classes_of(kind: AcceleratorKind, model: &str) -> [Class; 2] {
-    let k = kind_name(kind);
+    let k = kind.as_str();
     [format!("{k}:{model}"), format!("{k}:*")]
-}
-
-fn kind_name(kind: AcceleratorKind) -> &'static str {
-    match kind {
-        AcceleratorKind::Gpu => "gpu",
-        AcceleratorKind::Npu => "npu",
-        AcceleratorKind::Dpu => "dpu",
-        AcceleratorKind::Cpu => "cpu",
-    }
 }
 
 /// The tenancy file (TOML): priority classes and queues.

@@ -593,6 +593,10 @@ impl<J: Journal> Reactor<J> {
 
     fn on_status(&mut self, now: Millis, s: JobStatus) {
         if !self.is_current(&s.job, s.attempt, &s.site) {
+            if s.state != AttemptState::Running {
+                // The end of an attempt that was preempted or given up: its use still goes to the ledger.
+                self.meter(&s);
+            }
             if s.state == AttemptState::Running {
                 self.outbox.push(Command::Cancel {
                     site: s.site.clone(),
@@ -620,6 +624,9 @@ impl<J: Journal> Reactor<J> {
                         job.phase = JobPhase::Running;
                     }
                     job.started_ms = Some(s.started_at_ms.unwrap_or(now));
+                    if let Some(run) = job.runs.iter_mut().find(|r| r.attempt == s.attempt) {
+                        run.started_ms = run.started_ms.or(Some(s.started_at_ms.unwrap_or(now)));
+                    }
                     if first {
                         job.note(now, format!("attempt {} running on {}", s.attempt, s.site));
                     }
@@ -671,27 +678,39 @@ impl<J: Journal> Reactor<J> {
         }
     }
 
-    /// Adds the attempt's metered run time to the job's ledger.
+    /// Meters the end of an attempt into the job's ledger (once per attempt): its run time at the rates of the
+    /// site and pool it ran on.
     fn meter(&mut self, s: &JobStatus) {
         let Some(job) = self.state.jobs.get(&s.job) else {
             return;
         };
-        let Some(a) = &job.assignment else {
+        let Some(run) = job
+            .runs
+            .iter()
+            .find(|r| r.attempt == s.attempt && !r.metered)
+        else {
             return;
         };
         let runtime = s.runtime_ms.unwrap_or(0);
-        let amounts = self.state.sites.get(&a.site).and_then(|site| {
-            site.pool(&a.pool).map(|pool| {
-                let rates = site.rates(pool, site.info.carbon.g_per_kwh);
-                let milli: u64 = a.devices.iter().map(|d| u64::from(d.milli)).sum();
-                metering::amounts(&rates, milli, runtime)
+        let amounts = self
+            .state
+            .sites
+            .get(&run.site)
+            .and_then(|site| {
+                site.pool(&run.pool).map(|pool| {
+                    let rates = site.rates(pool, site.info.carbon.g_per_kwh);
+                    metering::amounts(&rates, run.milli, runtime)
+                })
             })
-        });
+            .unwrap_or_default();
         if let Some(job) = self.state.jobs.get_mut(&s.job) {
-            job.runtime_ms = job.runtime_ms.saturating_add(runtime);
-            if let Some(x) = amounts {
-                job.metered = metering::add(job.metered, x);
+            if let Some(run) = job.runs.iter_mut().find(|r| r.attempt == s.attempt) {
+                run.runtime_ms = runtime;
+                run.amounts = amounts;
+                run.metered = true;
             }
+            job.runtime_ms = job.runtime_ms.saturating_add(runtime);
+            job.metered = metering::add(job.metered, amounts);
         }
     }
 
@@ -926,6 +945,25 @@ impl<J: Journal> Reactor<J> {
                     devices: choice.devices.clone(),
                 });
                 job.estimate = Some(choice.terms.clone());
+                let model = self
+                    .state
+                    .sites
+                    .get(&choice.site)
+                    .and_then(|s| s.pool(&choice.pool))
+                    .map(|p| p.model.clone())
+                    .unwrap_or_default();
+                job.runs.push(super::model::Run {
+                    attempt: job.attempt,
+                    site: choice.site.clone(),
+                    pool: choice.pool.clone(),
+                    model,
+                    milli: choice.devices.iter().map(|d| u64::from(d.milli)).sum(),
+                    offered_ms: now,
+                    started_ms: None,
+                    runtime_ms: 0,
+                    amounts: Default::default(),
+                    metered: false,
+                });
                 job.why = format!(
                     "placed on {} ({}) by policy {}: best score among {} candidates that can run it now",
                     choice.site,
@@ -1174,6 +1212,19 @@ impl<J: Journal> Reactor<J> {
                 return Err(format!(
                     "{} is unfinished but not in the active set",
                     job.id
+                ));
+            }
+            let runs = job.runs.iter().fold(
+                (
+                    super::metering::add(Default::default(), Default::default()),
+                    0u64,
+                ),
+                |(a, t), r| (super::metering::add(a, r.amounts), t + r.runtime_ms),
+            );
+            if (runs.0, runs.1) != (job.metered, job.runtime_ms) {
+                return Err(format!(
+                    "{}: metered {:?} over {} ms, but its runs add up to {:?} over {} ms",
+                    job.id, job.metered, job.runtime_ms, runs.0, runs.1
                 ));
             }
             if job.phase.is_terminal() && job.finished_ms.is_none() {

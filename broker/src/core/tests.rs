@@ -1019,6 +1019,168 @@ fn tenancy_files_with_mistakes_are_refused_with_the_queue_named() {
     }
 }
 
+#[test]
+fn the_report_adds_up_to_the_job_records_in_every_breakdown() {
+    let mut env = TestEnv::new(trio());
+    env.reactor.tenancy = Some(super::quota::Tenancy::from_toml(COHORT).unwrap());
+    for i in 0..16 {
+        env.submit(tenant_job("team-a", &format!("a{i}")));
+        run_all(&mut env);
+        env.advance(100);
+    }
+    // Team B takes back 3 GPUs: 3 of A's attempts are preempted; their ends are reported late and metered.
+    for i in 0..3 {
+        env.submit(tenant_job("team-b", &format!("b{i}")));
+        run_all(&mut env);
+    }
+    let cancels: Vec<(SiteId, CancelAttempt)> = env
+        .sent
+        .iter()
+        .filter_map(|c| match c {
+            Command::Cancel { site, cancel } => Some((site.clone(), cancel.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        cancels.len(),
+        3,
+        "A running {}, B running {}, pending {:?}",
+        count(&env, "team-a", JobPhase::Running),
+        count(&env, "team-b", JobPhase::Running),
+        env.reactor
+            .state
+            .jobs
+            .values()
+            .filter(|j| j.phase == JobPhase::Pending)
+            .map(|j| j.why.clone())
+            .collect::<Vec<_>>()
+    );
+    for (site, c) in &cancels {
+        env.step(Event::Status(JobStatus {
+            v: 1,
+            job: c.job.clone(),
+            attempt: c.attempt,
+            site: site.clone(),
+            state: AttemptState::Cancelled {
+                reason: c.reason.clone(),
+            },
+            at_ms: env.now,
+            started_at_ms: None,
+            runtime_ms: Some(600_000),
+            checkpoint: None,
+        }));
+    }
+    // Everything running ends after an hour.
+    env.now += 3_600_000;
+    let running: Vec<(JobId, u32, SiteId)> = env
+        .reactor
+        .state
+        .jobs
+        .values()
+        .filter(|j| j.phase == JobPhase::Running)
+        .map(|j| {
+            (
+                j.id.clone(),
+                j.attempt,
+                j.assignment.as_ref().unwrap().site.clone(),
+            )
+        })
+        .collect();
+    for (job, attempt, site) in running {
+        env.step(Event::Status(JobStatus {
+            v: 1,
+            job,
+            attempt,
+            site,
+            state: AttemptState::Succeeded { exit_code: 0 },
+            at_ms: env.now,
+            started_at_ms: None,
+            runtime_ms: Some(3_600_000),
+            checkpoint: None,
+        }));
+    }
+    run_all(&mut env);
+
+    let r = super::ledger::report(env.reactor.state.jobs.values(), &ReportRequest::default());
+    // An independent sum over the job records.
+    let (mut dev, mut cost, mut wh, mut g, mut attempts) = (0u64, 0u64, 0u64, 0u64, 0u64);
+    for j in env.reactor.state.jobs.values() {
+        for run in &j.runs {
+            dev += run.milli * run.runtime_ms;
+            cost += run.amounts.cost_micro_usd;
+            wh += run.amounts.energy_wh;
+            g += run.amounts.co2_g;
+            attempts += 1;
+        }
+    }
+    assert!(cost > 0 && dev > 0);
+    let t = &r.total;
+    assert_eq!(
+        (
+            t.device_milli_ms,
+            t.cost_micro_usd,
+            t.energy_wh,
+            t.co2_g,
+            t.attempts
+        ),
+        (dev, cost, wh, g, attempts)
+    );
+    // The preempted hour-fractions are in it: 3 attempts of 10 minutes on one device each.
+    let preempted: u64 = env
+        .reactor
+        .state
+        .jobs
+        .values()
+        .flat_map(|j| &j.runs)
+        .filter(|r| r.runtime_ms == 600_000)
+        .map(|r| r.milli * r.runtime_ms)
+        .sum();
+    assert_eq!(preempted, 3 * 1000 * 600_000);
+    for rows in [&r.by_tenant, &r.by_site, &r.by_model] {
+        let sum = |f: fn(&ReportRow) -> u64| rows.iter().map(f).sum::<u64>();
+        assert_eq!(sum(|x| x.device_milli_ms), t.device_milli_ms);
+        assert_eq!(sum(|x| x.cost_micro_usd), t.cost_micro_usd);
+        assert_eq!(sum(|x| x.energy_wh), t.energy_wh);
+        assert_eq!(sum(|x| x.co2_g), t.co2_g);
+        assert_eq!(sum(|x| x.attempts), t.attempts);
+        assert_eq!(sum(|x| x.wait_ms), t.wait_ms);
+    }
+    assert_eq!(r.by_tenant.iter().map(|x| x.jobs).sum::<u64>(), t.jobs);
+    assert_eq!(
+        t.jobs,
+        env.reactor
+            .state
+            .jobs
+            .values()
+            .filter(|j| !j.runs.is_empty())
+            .count() as u64
+    );
+    // One tenant, and a window that leaves everything out.
+    let only_b = super::ledger::report(
+        env.reactor.state.jobs.values(),
+        &ReportRequest {
+            tenant: Some(TenantId::new("team-b").unwrap()),
+            ..ReportRequest::default()
+        },
+    );
+    assert_eq!(only_b.by_tenant.len(), 1);
+    assert_eq!(only_b.total.jobs, 3);
+    let none = super::ledger::report(
+        env.reactor.state.jobs.values(),
+        &ReportRequest {
+            to_ms: Some(1),
+            ..ReportRequest::default()
+        },
+    );
+    assert_eq!(
+        none.total,
+        ReportRow {
+            key: "total".into(),
+            ..ReportRow::default()
+        }
+    );
+}
+
 // ------------------------------------------------------------------------------------------------------------
 // Oracle: the placer never breaks a hard constraint, respects the tier order, and under the cost policy never
 // loses to a brute-force scan of every site on its own objective.

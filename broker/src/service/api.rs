@@ -25,6 +25,7 @@ pub enum Call {
     ListSites,
     Drain(String, bool),
     ScaleIn(Bytes),
+    Report(Bytes),
 }
 
 /// The HTTP status and JSON body of a reply.
@@ -87,6 +88,16 @@ pub async fn call(h: &BrokerHandle, c: Call) -> Reply {
                     format!("unexpected {other:?}"),
                 )),
                 Err(e) => step_error(e),
+            }
+        }
+        Call::Report(body) => {
+            let req = match decode::<meridian_federation::ReportRequest>(&body) {
+                Ok(r) => r,
+                Err(e) => return wire(e),
+            };
+            match h.query(Query::Report(req)).await {
+                Some(Answer::Report(v)) => ok(200, v),
+                _ => unavailable(),
             }
         }
         Call::ListJobs => match h.query(Query::Jobs).await {
@@ -248,6 +259,7 @@ fn nats_call(subject: &str, payload: Bytes) -> Result<Call, Reply> {
     let job = |p: &Bytes| decode::<JobRef>(p).map(|r| r.job.to_string()).map_err(wire);
     Ok(match subject {
         api::SUBMIT => Call::Submit(payload),
+        api::REPORT => Call::Report(payload),
         api::LIST_JOBS => {
             empty(&payload)?;
             Call::ListJobs

@@ -19,6 +19,7 @@ pub fn router(h: BrokerHandle) -> Router {
         .route("/v1/sites", get(list_sites))
         .route("/v1/sites/{id}/drain", post(drain))
         .route("/v1/services/scale-in", post(scale_in))
+        .route("/v1/report", get(report))
         .layer(DefaultBodyLimit::max(
             meridian_federation::MAX_MESSAGE_BYTES + 1,
         ))
@@ -61,6 +62,27 @@ async fn logs(
     Query(q): Query<LinesParam>,
 ) -> Response {
     respond(call(&h, Call::Logs(id, q.lines.unwrap_or(100))).await)
+}
+
+/// `GET /v1/report?tenant=T&from_ms=A&to_ms=B`: the parameters become a `ReportRequest`, checked like any
+/// body (a bad value is named in the error).
+async fn report(
+    State(h): State<BrokerHandle>,
+    Query(q): Query<std::collections::BTreeMap<String, String>>,
+) -> Response {
+    let mut body = serde_json::Map::new();
+    body.insert("v".into(), 1.into());
+    for (k, v) in q {
+        let value = match k.as_str() {
+            "from_ms" | "to_ms" => v
+                .parse::<u64>()
+                .map_or(serde_json::Value::String(v), Into::into),
+            _ => serde_json::Value::String(v),
+        };
+        body.insert(k, value);
+    }
+    let bytes = serde_json::to_vec(&body).unwrap_or_default();
+    respond(call(&h, Call::Report(Bytes::from(bytes))).await)
 }
 
 async fn scale_in(State(h): State<BrokerHandle>, body: Bytes) -> Response {

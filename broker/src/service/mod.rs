@@ -96,6 +96,7 @@ pub enum Query {
     Sites,
     /// Where the job's latest attempt ran: site and attempt.
     Placement(JobId),
+    Report(meridian_federation::ReportRequest),
 }
 
 #[derive(Debug)]
@@ -105,6 +106,7 @@ pub enum Answer {
     Explain(Option<ExplainView>),
     Sites(Vec<SiteView>),
     Placement(Option<(SiteId, u32)>),
+    Report(meridian_federation::ReportView),
 }
 
 enum Input {
@@ -579,6 +581,7 @@ fn answer(reactor: &Reactor<BufferJournal>, q: Query) -> Answer {
         ),
         Query::Explain(id) => Answer::Explain(st.jobs.get(&id).map(views::explain_view)),
         Query::Sites => Answer::Sites(st.sites.values().map(views::site_view).collect()),
+        Query::Report(req) => Answer::Report(crate::core::ledger::report(st.jobs.values(), &req)),
         Query::Placement(id) => Answer::Placement(st.jobs.get(&id).and_then(|j| {
             let site = views::job_view(j, &st.sites, &reactor.rtt).site?;
             (j.attempt > 0).then_some((site, j.attempt))
