@@ -15,6 +15,9 @@ use meridian_federation::{
 };
 use std::collections::{BTreeMap, HashMap};
 
+/// Accelerator time older than this does not count towards a queue's fair share.
+pub const FAIR_SHARE_WINDOW_MS: u64 = 24 * 3_600_000;
+
 /// Timings of the core, in milliseconds.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CoreConfig {
@@ -854,9 +857,80 @@ impl<J: Journal> Reactor<J> {
             .map(|j| j.id.clone())
             .collect();
         self.state.dirty = false;
+        let mut due = due;
+        if let Some(t) = &self.tenancy {
+            self.fair_order(t, now, &mut due);
+        }
         for id in due {
             self.try_place(now, &id);
         }
+    }
+
+    /// Orders waiting jobs for dominant-resource fairness between queues: the queue with the smallest dominant
+    /// share of recent accelerator time goes first (then higher priority, then the oldest job). A queue's share
+    /// of a kind (GPU, NPU, …) is its accelerator time over the last [`FAIR_SHARE_WINDOW_MS`] — running
+    /// attempts included — over the federation's capacity of that kind for as long; both are in reference
+    /// device-time, each model weighted by the relative-throughput table, so an hour of H100 counts for more
+    /// than an hour of L4. The dominant share is the largest over the kinds.
+    fn fair_order(&self, t: &super::quota::Tenancy, now: Millis, due: &mut [JobId]) {
+        use meridian_federation::AcceleratorKind;
+        let from = now.saturating_sub(FAIR_SHARE_WINDOW_MS);
+        let mut capacity: BTreeMap<AcceleratorKind, f64> = BTreeMap::new();
+        for site in self.state.sites.values().filter(|s| s.up) {
+            for p in &site.pools {
+                *capacity.entry(p.kind).or_default() += p.devices.len() as f64
+                    * 1000.0
+                    * self.throughput.factor(&p.model)
+                    * FAIR_SHARE_WINDOW_MS as f64;
+            }
+        }
+        let mut used: BTreeMap<(String, AcceleratorKind), f64> = BTreeMap::new();
+        for job in self.state.jobs.values() {
+            let Ok(q) = t.queue_of(&job.spec.tenant, job.spec.queue.as_deref()) else {
+                continue;
+            };
+            for run in &job.runs {
+                let Some(start) = run.started_ms else {
+                    continue;
+                };
+                let end = if run.metered {
+                    start + run.runtime_ms
+                } else if job.holds_devices() && job.attempt == run.attempt {
+                    now
+                } else {
+                    continue;
+                };
+                let overlap = end.min(now).saturating_sub(start.max(from));
+                *used
+                    .entry((q.name.clone(), job.spec.resources.kind))
+                    .or_default() +=
+                    run.milli as f64 * overlap as f64 * self.throughput.factor(&run.model);
+            }
+        }
+        let dominant = |queue: &str| {
+            used.iter()
+                .filter(|((q, _), _)| q == queue)
+                .map(|((_, kind), u)| u / capacity.get(kind).copied().unwrap_or(f64::INFINITY))
+                .fold(0.0f64, f64::max)
+        };
+        let key = |id: &JobId| {
+            let job = self.state.jobs.get(id)?;
+            let q = t
+                .queue_of(&job.spec.tenant, job.spec.queue.as_deref())
+                .ok()?;
+            let p = t
+                .priority_of(job.spec.priority.as_deref())
+                .unwrap_or(t.default_priority);
+            Some((dominant(&q.name), std::cmp::Reverse(p)))
+        };
+        due.sort_by(|a, b| {
+            let (ka, kb) = (key(a), key(b));
+            match (ka, kb) {
+                (Some((da, pa)), Some((db, pb))) => da.total_cmp(&db).then(pa.cmp(&pb)),
+                _ => std::cmp::Ordering::Equal,
+            }
+            .then_with(|| a.cmp(b))
+        });
     }
 
     /// Places one pending job: reserves devices and sends an offer, or records why it waits.

@@ -1181,6 +1181,88 @@ fn the_report_adds_up_to_the_job_records_in_every_breakdown() {
     );
 }
 
+#[test]
+fn a_gang_is_admitted_whole_or_not_at_all() {
+    // Two sites of 4 GPUs each, 3 of them busy at each: 2 free in all, never 4 at one site.
+    let mut env = TestEnv::new(vec![
+        site("x", Tier::Owned, 39.0, -77.5)
+            .gpus("A100", 4, 1.0)
+            .used(0, 1000)
+            .used(1, 1000)
+            .used(2, 1000)
+            .build(),
+        site("y", Tier::Owned, 45.6, -121.2)
+            .gpus("A100", 4, 1.0)
+            .used(0, 1000)
+            .used(1, 1000)
+            .used(2, 1000)
+            .build(),
+    ]);
+    let mut gang = tenant_job("team-a", "gang");
+    gang.replicas = 2;
+    gang.resources = Resources::whole(AcceleratorKind::Gpu, 1);
+    let id = env.submit(gang.clone());
+    assert!(env.take_offers().is_empty(), "no replica may start alone");
+    assert_eq!(env.phase(&id), JobPhase::Pending);
+    // Site y frees up: both replicas go there together, in one offer.
+    let mut freed = site("y", Tier::Owned, 45.6, -121.2)
+        .gpus("A100", 4, 1.0)
+        .used(0, 1000)
+        .build();
+    freed.generation += 1;
+    env.step(Event::Advert(freed));
+    let offers = env.take_offers();
+    assert_eq!(offers.len(), 1);
+    assert_eq!(offers[0].devices.len(), 2);
+    // Quota counts every replica: a queue of 3 GPUs never admits a 4-replica gang, not even in part.
+    let t = COHORT.replace(
+        "cohort = \"research\"\nquota = { \"gpu:*\" = 8 }",
+        "quota = { \"gpu:*\" = 3 }",
+    );
+    let mut env = TestEnv::new(trio());
+    env.reactor.tenancy = Some(super::quota::Tenancy::from_toml(&t).unwrap());
+    gang.replicas = 4;
+    gang.idempotency_key = "gang4".into();
+    let id = env.submit(gang);
+    assert!(env.take_offers().is_empty());
+    let why = &env.reactor.state.jobs[&id].why;
+    assert!(
+        why.contains("waiting for quota: queue team-a uses 0.000 of its 3.000 gpu:*"),
+        "{why}"
+    );
+}
+
+#[test]
+fn the_queue_with_the_smaller_dominant_share_goes_first() {
+    let t = COHORT.replace("cohort = \"research\"\n", "");
+    let mut env = TestEnv::new(vec![site("x", Tier::Owned, 39.0, -77.5)
+        .gpus("A100", 2, 1.0)
+        .build()]);
+    env.reactor.tenancy = Some(super::quota::Tenancy::from_toml(&t).unwrap());
+    env.submit(tenant_job("team-a", "a0"));
+    env.submit(tenant_job("team-b", "b0"));
+    let offers = env.take_offers();
+    for o in &offers {
+        env.answer(o, OfferOutcome::Accepted);
+        env.status(o, AttemptState::Running, 0);
+    }
+    let a1 = env.submit(tenant_job("team-a", "a1"));
+    let b1 = env.submit(tenant_job("team-b", "b1"));
+    // B's job ends after 10 minutes; A's keeps running for two hours.
+    env.now += 600_000;
+    let b0 = offers
+        .iter()
+        .find(|o| o.spec.idempotency_key == "b0")
+        .unwrap();
+    env.status(b0, AttemptState::Succeeded { exit_code: 0 }, 600_000);
+    env.now += 6_600_000;
+    env.heartbeat("x");
+    env.advance(10);
+    // One device is free: B's job gets it although A's waited longer.
+    assert_eq!(env.phase(&b1), JobPhase::Offered);
+    assert_eq!(env.phase(&a1), JobPhase::Pending);
+}
+
 // ------------------------------------------------------------------------------------------------------------
 // Oracle: the placer never breaks a hard constraint, respects the tier order, and under the cost policy never
 // loses to a brute-force scan of every site on its own objective.
