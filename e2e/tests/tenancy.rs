@@ -21,6 +21,14 @@ name = "borrower"
 tenant = "borrower"
 cohort = "shared"
 quota = { "gpu:*" = 2 }
+[[queues]]
+name = "capped"
+tenant = "capped"
+[[budgets]]
+tenant = "capped"
+period = "month"
+usd = 0.5
+when_exceeded = "refuse"
 "#;
 
 #[test]
@@ -151,6 +159,17 @@ fn a_lender_reclaims_its_quota_and_the_preempted_job_resumes_from_its_checkpoint
         "{csv}"
     );
     assert!(csv.contains("\ntenant,lender,2,2,"), "{csv}");
+    // A budget refuses a job expected to cost more than what is left (an hour of a 1 USD/h GPU > 0.50 USD).
+    let mut spec = job("c0", 1, "true");
+    spec["tenant"] = json!("capped");
+    let (status, v) = f.post("/v1/jobs", spec.to_string().as_bytes());
+    assert_eq!(status, 402, "{v}");
+    assert_eq!(v["error"]["code"], "over_budget", "{v}");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("tenant capped has 0.50 of its 0.50 USD for this month left"),
+        "{msg}"
+    );
     // A bad request names the field.
     let (status, v) = f.get("/v1/report?from_ms=yesterday");
     assert_eq!(status, 400, "{v}");

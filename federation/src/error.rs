@@ -70,6 +70,8 @@ pub enum ErrorCode {
     UnsupportedVersion,
     NotFound,
     Conflict,
+    /// The tenant's budget would be exceeded.
+    OverBudget,
     Unavailable,
     Internal,
 }
@@ -82,6 +84,7 @@ impl ErrorCode {
             ErrorCode::TooLarge => 413,
             ErrorCode::NotFound => 404,
             ErrorCode::Conflict => 409,
+            ErrorCode::OverBudget => 402,
             ErrorCode::Unavailable => 503,
             ErrorCode::Internal => 500,
         }

@@ -1,5 +1,6 @@
 //! The broker's pure core: no tokio, NATS or clocks. Time is passed in as milliseconds since the Unix epoch.
 
+pub mod budget;
 pub mod index;
 pub mod inference;
 pub mod journal;

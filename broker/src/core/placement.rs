@@ -297,6 +297,8 @@ pub enum Wait {
     },
     /// A site could take the job now, but its queue's quota holds it (set by the reactor, not by `place`).
     Quota(String),
+    /// Its tenant's budget holds it until the period ends (set by the reactor).
+    Budget { why: String, until_ms: Millis },
 }
 
 impl Wait {
@@ -308,6 +310,7 @@ impl Wait {
             } => Some(now + ms),
             Wait::NotBefore { at_ms } => Some(*at_ms),
             Wait::Deferred { until_ms, .. } => Some(*until_ms),
+            Wait::Budget { until_ms, .. } => Some(*until_ms),
             _ => None,
         }
     }
@@ -339,6 +342,9 @@ impl fmt::Display for Wait {
                 "deferred to {until_ms} for lower carbon at {site}: {then_g_per_kwh:.0} instead of {now_g_per_kwh:.0} gCO2e/kWh; the deadline still holds"
             ),
             Wait::Quota(why) => f.write_str(why),
+            Wait::Budget { why, until_ms } => {
+                write!(f, "held until the budget period ends at {until_ms}: {why}")
+            }
         }
     }
 }

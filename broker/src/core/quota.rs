@@ -34,6 +34,9 @@ pub struct TenancyFile {
     pub default_priority: Option<String>,
     #[serde(default)]
     pub queues: Vec<QueueFile>,
+    /// At most one per tenant.
+    #[serde(default)]
+    pub budgets: Vec<super::budget::BudgetFile>,
 }
 
 #[derive(Clone, Debug, serde::Deserialize)]
@@ -73,6 +76,7 @@ pub struct Tenancy {
     pub queues: BTreeMap<String, Queue>,
     pub priorities: BTreeMap<String, i32>,
     pub default_priority: i32,
+    pub budgets: BTreeMap<TenantId, super::budget::Budget>,
 }
 
 fn parse_class(s: &str) -> Result<Class, String> {
@@ -135,6 +139,12 @@ impl Tenancy {
             };
             if t.queues.insert(q.name.clone(), queue).is_some() {
                 return Err(format!("queue {:?} is defined twice", q.name));
+            }
+        }
+        for b in &file.budgets {
+            let budget = super::budget::Budget::from_file(b)?;
+            if t.budgets.insert(budget.tenant.clone(), budget).is_some() {
+                return Err(format!("tenant {:?} has two budgets", b.tenant));
             }
         }
         Ok(t)
@@ -418,5 +428,6 @@ mod tests {
         assert_eq!(t.priorities.len(), 4);
         assert_eq!(t.default_priority, 100);
         assert_eq!(t.queues["search"].nominal["gpu:H100"], 8000);
+        assert_eq!(t.budgets.len(), 1);
     }
 }

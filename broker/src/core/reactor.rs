@@ -93,6 +93,8 @@ pub enum StepError {
     Invalid { field: String, problem: String },
     #[error("{0}")]
     Conflict(String),
+    #[error("{0}")]
+    OverBudget(String),
     #[error(transparent)]
     Journal(#[from] JournalError),
 }
@@ -103,6 +105,7 @@ impl StepError {
             StepError::NotFound { .. } => ErrorCode::NotFound,
             StepError::Invalid { .. } => ErrorCode::Invalid,
             StepError::Conflict(_) => ErrorCode::Conflict,
+            StepError::OverBudget(_) => ErrorCode::OverBudget,
             StepError::Journal(_) => ErrorCode::Unavailable,
         }
     }
@@ -205,7 +208,7 @@ impl<J: Journal> Reactor<J> {
 
     /// Applies one event at time `now`.
     pub fn step(&mut self, now: Millis, event: Event) -> Result<Response, StepError> {
-        self.check(&event)?;
+        self.check(now, &event)?;
         if self.is_durable(now, &event) {
             self.journal.append(&Record {
                 at_ms: now,
@@ -224,7 +227,7 @@ impl<J: Journal> Reactor<J> {
     }
 
     /// Refuses events that would not change state, before anything is journaled.
-    fn check(&self, event: &Event) -> Result<(), StepError> {
+    fn check(&self, now: Millis, event: &Event) -> Result<(), StepError> {
         match event {
             Event::Submit(spec) => {
                 if let Some(t) = &self.tenancy {
@@ -239,6 +242,17 @@ impl<J: Journal> Reactor<J> {
                             problem,
                         }
                     })?;
+                    let known = self
+                        .state
+                        .by_key
+                        .contains_key(&(spec.tenant.clone(), spec.idempotency_key.clone()));
+                    if let Some(b) = t.budgets.get(&spec.tenant) {
+                        if b.when_exceeded == super::budget::WhenExceeded::Refuse && !known {
+                            if let Some(why) = self.over_budget(b, spec, None, now) {
+                                return Err(StepError::OverBudget(why));
+                            }
+                        }
+                    }
                 }
                 if let Some(region) = &spec.constraints.residency {
                     if !self.regions.knows(region) {
@@ -982,6 +996,17 @@ impl<J: Journal> Reactor<J> {
             baseline: self.baseline,
         };
         let mut decision = placement::place(view, request, now);
+        // Budget: expected spend at the chosen placement.
+        if let (Outcome::Place(choice), Some(t)) = (&decision.outcome, &self.tenancy) {
+            if let Some(job) = self.state.jobs.get(id) {
+                if let Some(b) = t.budgets.get(&job.spec.tenant) {
+                    if let Some(why) = self.over_budget(b, &job.spec, Some(choice), now) {
+                        let until_ms = super::budget::period(now, b.period).1;
+                        decision.outcome = Outcome::Wait(placement::Wait::Budget { why, until_ms });
+                    }
+                }
+            }
+        }
         // Quota: a job that could run now may still have to wait for its queue's quota, or take it back.
         if let Outcome::Place(choice) = &decision.outcome {
             match self.admission(id, choice) {
@@ -1076,6 +1101,47 @@ impl<J: Journal> Reactor<J> {
                 self.outbox.push(Command::Offer(offer));
             }
         }
+    }
+
+    /// Why a job of `spec` would take its tenant over budget `b` (`None` if it fits): its expected spend is the
+    /// estimate at `choice`, or at the placement the broker would choose now.
+    fn over_budget(
+        &self,
+        b: &super::budget::Budget,
+        spec: &JobSpec,
+        choice: Option<&placement::Choice>,
+        now: Millis,
+    ) -> Option<String> {
+        let terms = match choice {
+            Some(c) => Some(c.terms.clone()),
+            None => {
+                let view = View {
+                    sites: &self.state.sites,
+                    rtt: &self.rtt,
+                    regions: &self.regions,
+                    throughput: &self.throughput,
+                    index: Some(&self.state.index),
+                };
+                let request = Request {
+                    spec,
+                    waited_ms: u64::MAX,
+                    refused: &[],
+                    baseline: self.baseline,
+                };
+                match placement::place(view, request, now).outcome {
+                    Outcome::Place(c) => Some(c.terms),
+                    Outcome::Wait(_) => None,
+                }
+            }
+        };
+        let expected = terms.map_or_else(Default::default, |t| meridian_federation::Amounts {
+            cost_micro_usd: t.cost_micro_usd,
+            energy_wh: t.energy_wh,
+            co2_g: t.co2_g,
+        });
+        let (from, to) = super::budget::period(now, b.period);
+        let used = super::budget::used(self.state.jobs.values(), &b.tenant, from, to);
+        super::budget::over(b, &used, &expected)
     }
 
     /// What quota says about placing job `id` as `choice` (admitted when there is no tenancy).

@@ -1263,6 +1263,75 @@ fn the_queue_with_the_smaller_dominant_share_goes_first() {
     assert_eq!(env.phase(&a1), JobPhase::Pending);
 }
 
+/// A job placed by cost: an hour of a 1 USD/h GPU at site a-cheap.
+fn cheap_job(tenant: &str, key: &str) -> JobSpec {
+    let mut spec = tenant_job(tenant, key);
+    spec.policy = Some(Policy::Cost);
+    spec
+}
+
+fn budget_env(mode: &str) -> TestEnv {
+    let t = format!(
+        "{COHORT}\n[[budgets]]\ntenant = \"team-a\"\nperiod = \"day\"\nusd = 2.5\nwhen_exceeded = \"{mode}\"\n"
+    );
+    let mut env = TestEnv::new(trio());
+    env.reactor.tenancy = Some(super::quota::Tenancy::from_toml(&t).unwrap());
+    env
+}
+
+#[test]
+fn a_submission_over_the_tenants_budget_is_refused_with_the_budget_named() {
+    let mut env = budget_env("refuse");
+    // Each job is expected to cost about 1 USD (an hour of a 1 USD/h GPU): two fit in 2.50 USD.
+    env.submit(cheap_job("team-a", "a0"));
+    env.submit(cheap_job("team-a", "a1"));
+    run_all(&mut env);
+    let err = env
+        .reactor
+        .step(env.now, Event::Submit(cheap_job("team-a", "a2")))
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::OverBudget);
+    let msg = err.to_string();
+    assert!(
+        msg.contains("over budget: tenant team-a has 0.50 of its 2.50 USD for this day left"),
+        "{msg}"
+    );
+    // Another tenant is not limited; a resubmission of an accepted job still answers with that job.
+    env.submit(cheap_job("team-b", "b0"));
+    env.submit(cheap_job("team-a", "a0"));
+    // The next day the budget is whole again.
+    env.now += 86_400_000;
+    env.heartbeat("a-cheap");
+    env.heartbeat("b-green");
+    env.heartbeat("c-frankfurt");
+    env.submit(cheap_job("team-a", "a3"));
+}
+
+#[test]
+fn a_held_job_waits_for_the_next_budget_period_and_then_runs() {
+    let mut env = budget_env("hold");
+    env.submit(cheap_job("team-a", "a0"));
+    env.submit(cheap_job("team-a", "a1"));
+    let held = env.submit(cheap_job("team-a", "a2"));
+    run_all(&mut env);
+    assert_eq!(env.phase(&held), JobPhase::Pending);
+    let job = &env.reactor.state.jobs[&held];
+    assert!(
+        job.why
+            .contains("held until the budget period ends at 86400000: over budget: tenant team-a"),
+        "{}",
+        job.why
+    );
+    assert_eq!(job.retry_at_ms, Some(86_400_000));
+    // Midnight UTC: a new day, a new budget.
+    env.now = 86_400_000;
+    for s in ["a-cheap", "b-green", "c-frankfurt"] {
+        env.heartbeat(s);
+    }
+    env.advance(1);
+    assert_eq!(env.phase(&held), JobPhase::Offered);
+}
+
 // ------------------------------------------------------------------------------------------------------------
 // Oracle: the placer never breaks a hard constraint, respects the tier order, and under the cost policy never
 // loses to a brute-force scan of every site on its own objective.
