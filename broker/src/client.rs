@@ -68,6 +68,19 @@ impl Client {
         self.raw(api::SUBMIT, body).await
     }
 
+    pub async fn tenancy(
+        &self,
+        token: &str,
+        toml: Option<String>,
+    ) -> anyhow::Result<meridian_federation::TenancyView> {
+        let req = meridian_federation::TenancyRequest {
+            v: WIRE_VERSION,
+            token: token.to_owned(),
+            toml,
+        };
+        self.call(api::TENANCY, &req).await
+    }
+
     pub async fn report(
         &self,
         req: &meridian_federation::ReportRequest,

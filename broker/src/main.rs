@@ -69,6 +69,15 @@ enum Cmd {
         #[arg(long)]
         tenant: meridian_federation::TenantId,
     },
+    /// Show the broker's tenancy (queues, quotas, priority classes, budgets), or replace it with a file's.
+    Tenancy {
+        /// The new tenancy file (TOML, see configs/tenancy.toml).
+        #[arg(long)]
+        set: Option<PathBuf>,
+        /// The administrator's token.
+        #[arg(long, env = "MERIDIAN_ADMIN_TOKEN", hide_env_values = true)]
+        admin_token: String,
+    },
     /// The metering ledger per tenant, site and accelerator model: accelerator-hours, USD, kWh (PUE included),
     /// kgCO2e, queue wait and attempts, for the attempts offered in a window.
     Report {
@@ -467,10 +476,14 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
                     print(out, &e, |e| {
                         println!("{} is {}: {}", e.job, e.phase.as_str(), e.why);
                         println!("policy {}", e.policy);
-                        println!(
-                            "{:<18} {:<8} {:<8} {:>9} {:>8} {:>8} {:>8} {:>8}  VERDICT",
-                            "SITE", "TIER", "POOL", "COST $", "kWh", "kgCO2", "RTT ms", "SCORE"
-                        );
+                        if e.candidates.is_empty() {
+                            println!("(no placement was tried: the reason above holds it first)");
+                        } else {
+                            println!(
+                                "{:<18} {:<8} {:<8} {:>9} {:>8} {:>8} {:>8} {:>8}  VERDICT",
+                                "SITE", "TIER", "POOL", "COST $", "kWh", "kgCO2", "RTT ms", "SCORE"
+                            );
+                        }
                         for c in &e.candidates {
                             let (cost, kwh, co2, rtt, score) = match &c.terms {
                                 Some(t) => (
@@ -539,6 +552,20 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
                         for id in &r.stopping {
                             println!("{id} stopping");
                         }
+                    })
+                }
+                Cmd::Tenancy { set, admin_token } => {
+                    let toml = match &set {
+                        Some(path) => Some(
+                            std::fs::read_to_string(path)
+                                .with_context(|| format!("reading {}", path.display()))?,
+                        ),
+                        None => None,
+                    };
+                    let v = client.tenancy(&admin_token, toml).await?;
+                    print(out, &v, |v| match &v.toml {
+                        Some(t) => print!("{t}"),
+                        None => println!("no tenancy: nothing is limited by quota"),
                     })
                 }
                 Cmd::Report { tenant, from, to } => {

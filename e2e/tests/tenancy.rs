@@ -175,3 +175,90 @@ fn a_lender_reclaims_its_quota_and_the_preempted_job_resumes_from_its_checkpoint
     assert_eq!(status, 400, "{v}");
     assert_eq!(v["error"]["field"], "from_ms", "{v}");
 }
+
+/// Quotas change through the API without a restart, by the administrator only, and the change is kept in the
+/// journal: a restarted broker still has it.
+#[test]
+fn an_administrator_changes_quotas_at_run_time_and_the_change_survives_a_restart() {
+    let scratch = tempfile::tempdir().unwrap();
+    let tenancy = scratch.path().join("tenancy.toml");
+    let one = "[[queues]]\nname = \"solo\"\ntenant = \"solo\"\nquota = { \"gpu:*\" = 1 }\n";
+    std::fs::write(&tenancy, one).unwrap();
+    let mut f = Fed::generated_with(
+        &[SiteSpec::new("only", "owned", "A100", 4, 1.0)],
+        &format!("tenancy = {:?}", tenancy.display().to_string()),
+        meridian_broker::local::LocalOptions {
+            broker_args: vec!["--admin-token".into(), "s3cret".into()],
+            ..Default::default()
+        },
+    );
+    let spec = |key: &str| {
+        let mut s = job(key, 1, "sleep 30");
+        s["tenant"] = json!("solo");
+        s
+    };
+    let first = f.submit(&spec("s0"));
+    f.wait_phase(&first, "running", LONG);
+    let second = f.submit(&spec("s1"));
+    std::thread::sleep(Duration::from_millis(300));
+    let explain = f.cli(&["explain", &second]);
+    let text = String::from_utf8_lossy(&explain.stdout);
+    println!("meridian explain {second}:\n{text}");
+    assert!(
+        text.contains("waiting for quota: queue solo uses 1.000 of its 1.000 gpu:*"),
+        "{text}"
+    );
+
+    let two = one.replace("= 1 }", "= 2 }");
+    let put = |token: Option<&str>, body: &str| {
+        let mut req = ureq::put(&format!("{}/v1/admin/tenancy", f.fed.http))
+            .config()
+            .http_status_as_error(false)
+            .build();
+        if let Some(t) = token {
+            req = req.header("authorization", &format!("Bearer {t}"));
+        }
+        let mut r = req.send(body).unwrap();
+        let status = r.status().as_u16();
+        let v: serde_json::Value =
+            serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap();
+        (status, v)
+    };
+    let (status, v) = put(None, &two);
+    assert_eq!(
+        (status, v["error"]["code"].as_str()),
+        (403, Some("forbidden")),
+        "{v}"
+    );
+    let (status, _) = put(Some("guess"), &two);
+    assert_eq!(status, 403);
+    let (status, v) = put(Some("s3cret"), "[[queues]]\nname = 7\n");
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["field"], "tenancy", "{v}");
+    assert_eq!(
+        f.job(&second)["phase"],
+        "pending",
+        "a refused change changes nothing"
+    );
+    let (status, v) = put(Some("s3cret"), &two);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["ok"]["toml"], two);
+    f.wait_phase(&second, "running", LONG);
+
+    // The change outlives the broker: after a kill -9 and a restart it is still in force.
+    f.fed.restart_broker().unwrap();
+    let out = f.cli(&["tenancy", "--admin-token", "s3cret"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), two);
+    let third = f.submit(&spec("s2"));
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(f.job(&third)["phase"], "pending");
+    assert!(f.explain(&third)["why"]
+        .as_str()
+        .unwrap()
+        .contains("uses 2.000 of its 2.000 gpu:*"));
+}

@@ -72,6 +72,8 @@ pub enum ErrorCode {
     Conflict,
     /// The tenant's budget would be exceeded.
     OverBudget,
+    /// The call needs the administrator's token.
+    Forbidden,
     Unavailable,
     Internal,
 }
@@ -85,6 +87,7 @@ impl ErrorCode {
             ErrorCode::NotFound => 404,
             ErrorCode::Conflict => 409,
             ErrorCode::OverBudget => 402,
+            ErrorCode::Forbidden => 403,
             ErrorCode::Unavailable => 503,
             ErrorCode::Internal => 500,
         }

@@ -700,6 +700,24 @@ pub struct ScaleInRequest {
     pub remove: u32,
 }
 
+/// Read (`toml` absent) or replace the broker's tenancy (queues, quotas, priority classes, budgets): an
+/// administrator's call, with the token from the broker's configuration.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenancyRequest {
+    #[serde(default = "v1")]
+    pub v: u32,
+    pub token: String,
+    #[serde(default)]
+    pub toml: Option<String>,
+}
+
+/// The tenancy in force, as the text of a tenancy file (`None`: no quotas).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenancyView {
+    pub toml: Option<String>,
+}
+
 /// Ask for the metering ledger: attempts offered in `[from_ms, to_ms)` (all when absent), of one tenant or all.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

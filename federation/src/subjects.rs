@@ -96,6 +96,8 @@ pub mod api {
     pub const SCALE_IN: &str = "meridian.v1.api.services.scale_in";
     /// The metering ledger (`ReportRequest` → `ReportView`).
     pub const REPORT: &str = "meridian.v1.api.report";
+    /// Read or replace the tenancy, with the administrator's token (`TenancyRequest` → `TenancyView`).
+    pub const TENANCY: &str = "meridian.v1.api.admin.tenancy";
     /// All API subjects, for the broker's subscription.
     pub const ALL: &str = "meridian.v1.api.>";
 }

@@ -415,6 +415,14 @@ impl Validate for ScaleInRequest {
     }
 }
 
+impl Validate for TenancyRequest {
+    versioned!(TenancyRequest);
+
+    fn validate(&self) -> R {
+        Ok(())
+    }
+}
+
 impl Validate for ReportRequest {
     versioned!(ReportRequest);
 

@@ -355,15 +355,21 @@ pub fn admit(
                 reasons.push(why);
             }
             None => {
+                let cohort = match &queue.cohort {
+                    Some(c) => format!(
+                        "; cohort {c} uses {} of {}",
+                        devices(total_used),
+                        devices(total_nominal)
+                    ),
+                    None => String::new(),
+                };
                 return Admission::Wait(format!(
-                    "waiting for quota: queue {} uses {} of its {} {class}; its cohort uses {} of {}, {} short",
+                    "waiting for quota: queue {} uses {} of its {} {class}{cohort}; {} short",
                     queue.name,
                     devices(own),
                     devices(nominal),
-                    devices(total_used),
-                    devices(total_nominal),
                     devices(short)
-                ))
+                ));
             }
         }
     }

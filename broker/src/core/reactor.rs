@@ -64,6 +64,14 @@ pub enum Event {
         service: String,
         remove: u32,
     },
+    /// Replace the queues, quotas, priority classes and budgets (the tenancy file's text). Journaled, so an
+    /// administrator's change survives restarts.
+    SetTenancy {
+        toml: String,
+        /// Set from the broker's tenancy file at start (not through the API).
+        #[serde(default)]
+        from_file: bool,
+    },
     /// Time passed: loss of sites, offer timeouts, burst timers.
     Tick,
 }
@@ -137,6 +145,13 @@ pub struct State {
     /// Every pending job (and, until pruned, some that left that phase): what `try_pending` scans, so that
     /// placing waiting work costs in proportion to the waiting jobs, not to all the running ones.
     pub pending: std::collections::BTreeSet<JobId>,
+    /// The tenancy in force, as set through `SetTenancy` (the source of `Reactor::tenancy`).
+    pub tenancy_toml: Option<String>,
+    /// The tenancy file's text as last applied at a start: an unchanged file does not undo the administrator's
+    /// later changes.
+    pub tenancy_file_toml: Option<String>,
+    /// Why a journaled tenancy could not be read back (a newer broker's format, say).
+    pub tenancy_toml_error: Option<String>,
     /// Every offered job (and, until pruned, some that left that phase): what the offer timer scans.
     pub offered: std::collections::BTreeSet<JobId>,
     /// The active set is pruned of finished jobs when it grows past this (amortised: twice its size after the
@@ -295,6 +310,12 @@ impl<J: Journal> Reactor<J> {
                 .ok_or_else(|| StepError::NotFound {
                     what: format!("site {site}"),
                 }),
+            Event::SetTenancy { toml, .. } => super::quota::Tenancy::from_toml(toml)
+                .map(|_| ())
+                .map_err(|problem| StepError::Invalid {
+                    field: "tenancy".into(),
+                    problem,
+                }),
             _ => Ok(()),
         }
     }
@@ -380,6 +401,22 @@ impl<J: Journal> Reactor<J> {
             }
             Event::Tick => {
                 self.on_tick(now);
+                Response::Done
+            }
+            Event::SetTenancy { toml, from_file } => {
+                if from_file {
+                    self.state.tenancy_file_toml = Some(toml.clone());
+                }
+                // Checked before it was journaled; a record that no longer reads is kept out, said so.
+                match super::quota::Tenancy::from_toml(&toml) {
+                    Ok(t) => {
+                        self.tenancy = Some(t);
+                        self.state.tenancy_toml = Some(toml);
+                        self.state.dirty = true;
+                        self.try_pending(now);
+                    }
+                    Err(e) => self.state.tenancy_toml_error = Some(e),
+                }
                 Response::Done
             }
             Event::ScaleIn {

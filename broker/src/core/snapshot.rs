@@ -16,6 +16,11 @@ pub struct Snapshot {
     pub next_job: u64,
     pub sites: Vec<Site>,
     pub jobs: Vec<Job>,
+    /// The tenancy in force (queues, quotas, budgets), as last set.
+    #[serde(default)]
+    pub tenancy_toml: Option<String>,
+    #[serde(default)]
+    pub tenancy_file_toml: Option<String>,
 }
 
 impl State {
@@ -26,6 +31,8 @@ impl State {
             next_job: self.next_job,
             sites: self.sites.values().cloned().collect(),
             jobs: self.jobs.values().cloned().collect(),
+            tenancy_toml: self.tenancy_toml.clone(),
+            tenancy_file_toml: self.tenancy_file_toml.clone(),
         }
     }
 }
@@ -36,8 +43,18 @@ impl<J: Journal> Reactor<J> {
         let mut st = State {
             next_job: snap.next_job,
             dirty: true,
+            tenancy_file_toml: snap.tenancy_file_toml,
             ..State::default()
         };
+        if let Some(toml) = snap.tenancy_toml {
+            match super::quota::Tenancy::from_toml(&toml) {
+                Ok(t) => {
+                    self.tenancy = Some(t);
+                    st.tenancy_toml = Some(toml);
+                }
+                Err(e) => st.tenancy_toml_error = Some(e),
+            }
+        }
         for site in snap.sites {
             st.index.update(&site, &self.throughput);
             st.sites.insert(site.id().clone(), site);

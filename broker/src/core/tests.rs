@@ -1332,6 +1332,63 @@ fn a_held_job_waits_for_the_next_budget_period_and_then_runs() {
     assert_eq!(env.phase(&held), JobPhase::Offered);
 }
 
+#[test]
+fn a_tenancy_change_is_journaled_and_survives_replay_and_snapshots() {
+    let mut env = TestEnv::new(trio());
+    let small = COHORT
+        .replace("cohort = \"research\"\n", "")
+        .replace("quota = { \"gpu:*\" = 8 }", "quota = { \"gpu:*\" = 1 }");
+    env.step(Event::SetTenancy {
+        toml: small.clone(),
+        from_file: true,
+    });
+    env.submit(tenant_job("team-a", "a0"));
+    let a1 = env.submit(tenant_job("team-a", "a1"));
+    run_all(&mut env);
+    assert_eq!(env.phase(&a1), JobPhase::Pending);
+    // A bad file is refused with the problem, and changes nothing.
+    let err = env
+        .reactor
+        .step(
+            env.now,
+            Event::SetTenancy {
+                toml: "[[queues]]\nname = 1".into(),
+                from_file: false,
+            },
+        )
+        .unwrap_err();
+    assert_eq!(err.field().as_deref(), Some("tenancy"), "{err}");
+    // Raising the quota lets the waiting job run.
+    env.step(Event::SetTenancy {
+        toml: COHORT.into(),
+        from_file: false,
+    });
+    run_all(&mut env);
+    assert_eq!(env.phase(&a1), JobPhase::Running);
+    // A replay, and a snapshot, carry the tenancy in force.
+    let records = env.reactor.journal().records.clone();
+    let fresh = || {
+        super::reactor::Reactor::new(
+            env.reactor.config.clone(),
+            RttTable::default(),
+            regions(),
+            super::journal::MemoryJournal::default(),
+        )
+    };
+    let mut again = fresh();
+    again.replay(&records);
+    assert_eq!(again.tenancy, env.reactor.tenancy);
+    assert_eq!(again.state.jobs, env.reactor.state.jobs);
+    let mut restored = fresh();
+    restored.restore(env.reactor.state.snapshot(0, 0));
+    assert_eq!(restored.tenancy, env.reactor.tenancy);
+    assert_eq!(restored.state.tenancy_toml.as_deref(), Some(COHORT));
+    assert_eq!(
+        restored.state.tenancy_file_toml.as_deref(),
+        Some(small.as_str())
+    );
+}
+
 // ------------------------------------------------------------------------------------------------------------
 // Oracle: the placer never breaks a hard constraint, respects the tier order, and under the cost policy never
 // loses to a brute-force scan of every site on its own objective.

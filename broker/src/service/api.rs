@@ -26,6 +26,11 @@ pub enum Call {
     Drain(String, bool),
     ScaleIn(Bytes),
     Report(Bytes),
+    /// Read or replace the tenancy: the caller's token, and the new tenancy file's text.
+    Tenancy {
+        token: Option<String>,
+        toml: Option<String>,
+    },
 }
 
 /// The HTTP status and JSON body of a reply.
@@ -72,6 +77,32 @@ fn job_id(s: &str) -> Result<JobId, Reply> {
     JobId::new(s).map_err(|p| error(ErrorBody::new(ErrorCode::Invalid, Some("job".into()), p)))
 }
 
+/// Whether `token` is the administrator's (compared in constant time).
+fn admin(h: &BrokerHandle, token: Option<&str>) -> Result<(), Reply> {
+    let forbidden = |why: &str| {
+        Err(error(ErrorBody::new(
+            ErrorCode::Forbidden,
+            Some("token".into()),
+            why.to_owned(),
+        )))
+    };
+    let Some(want) = h.admin_token.as_deref() else {
+        return forbidden("no administrator token is configured on this broker (--admin-token)");
+    };
+    let Some(got) = token else {
+        return forbidden("this call needs the administrator's token");
+    };
+    let (a, b) = (want.as_bytes(), got.as_bytes());
+    let diff = a.len() ^ b.len()
+        | a.iter()
+            .zip(b.iter().cycle())
+            .fold(0usize, |acc, (x, y)| acc | usize::from(x ^ y));
+    if diff != 0 || b.is_empty() {
+        return forbidden("wrong administrator token");
+    }
+    Ok(())
+}
+
 /// Carries out one call.
 pub async fn call(h: &BrokerHandle, c: Call) -> Reply {
     match c {
@@ -97,6 +128,26 @@ pub async fn call(h: &BrokerHandle, c: Call) -> Reply {
             };
             match h.query(Query::Report(req)).await {
                 Some(Answer::Report(v)) => ok(200, v),
+                _ => unavailable(),
+            }
+        }
+        Call::Tenancy { token, toml } => {
+            if let Err(r) = admin(h, token.as_deref()) {
+                return r;
+            }
+            if let Some(toml) = toml {
+                if let Err(e) = h
+                    .step(Event::SetTenancy {
+                        toml,
+                        from_file: false,
+                    })
+                    .await
+                {
+                    return step_error(e);
+                }
+            }
+            match h.query(Query::Tenancy).await {
+                Some(Answer::Tenancy(toml)) => ok(200, meridian_federation::TenancyView { toml }),
                 _ => unavailable(),
             }
         }
@@ -260,6 +311,13 @@ fn nats_call(subject: &str, payload: Bytes) -> Result<Call, Reply> {
     Ok(match subject {
         api::SUBMIT => Call::Submit(payload),
         api::REPORT => Call::Report(payload),
+        api::TENANCY => {
+            let r = decode::<meridian_federation::TenancyRequest>(&payload).map_err(wire)?;
+            Call::Tenancy {
+                token: Some(r.token),
+                toml: r.toml,
+            }
+        }
         api::LIST_JOBS => {
             empty(&payload)?;
             Call::ListJobs

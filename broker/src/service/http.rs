@@ -20,6 +20,7 @@ pub fn router(h: BrokerHandle) -> Router {
         .route("/v1/sites/{id}/drain", post(drain))
         .route("/v1/services/scale-in", post(scale_in))
         .route("/v1/report", get(report))
+        .route("/v1/admin/tenancy", get(get_tenancy).put(put_tenancy))
         .layer(DefaultBodyLimit::max(
             meridian_federation::MAX_MESSAGE_BYTES + 1,
         ))
@@ -83,6 +84,48 @@ async fn report(
     }
     let bytes = serde_json::to_vec(&body).unwrap_or_default();
     respond(call(&h, Call::Report(Bytes::from(bytes))).await)
+}
+
+/// The bearer token of an `Authorization` header.
+fn bearer(headers: &axum::http::HeaderMap) -> Option<String> {
+    headers
+        .get(axum::http::header::AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .strip_prefix("Bearer ")
+        .map(str::to_owned)
+}
+
+async fn get_tenancy(State(h): State<BrokerHandle>, headers: axum::http::HeaderMap) -> Response {
+    respond(
+        call(
+            &h,
+            Call::Tenancy {
+                token: bearer(&headers),
+                toml: None,
+            },
+        )
+        .await,
+    )
+}
+
+/// `PUT /v1/admin/tenancy`: the body is the new tenancy file (TOML); `Authorization: Bearer TOKEN`.
+async fn put_tenancy(
+    State(h): State<BrokerHandle>,
+    headers: axum::http::HeaderMap,
+    body: Bytes,
+) -> Response {
+    let toml = String::from_utf8_lossy(&body).into_owned();
+    respond(
+        call(
+            &h,
+            Call::Tenancy {
+                token: bearer(&headers),
+                toml: Some(toml),
+            },
+        )
+        .await,
+    )
 }
 
 async fn scale_in(State(h): State<BrokerHandle>, body: Bytes) -> Response {

@@ -58,6 +58,9 @@ pub struct BrokerConfig {
     /// quota.
     #[arg(long)]
     pub tenancy: Option<PathBuf>,
+    /// The administrator's token, for changing the tenancy through the API (admin calls are refused without one).
+    #[arg(long, env = "MERIDIAN_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
     /// Name of this broker in the lease and the journal (default: host name and process id).
     #[arg(long)]
     pub name: Option<String>,
@@ -97,6 +100,7 @@ pub enum Query {
     /// Where the job's latest attempt ran: site and attempt.
     Placement(JobId),
     Report(meridian_federation::ReportRequest),
+    Tenancy,
 }
 
 #[derive(Debug)]
@@ -107,6 +111,7 @@ pub enum Answer {
     Sites(Vec<SiteView>),
     Placement(Option<(SiteId, u32)>),
     Report(meridian_federation::ReportView),
+    Tenancy(Option<String>),
 }
 
 enum Input {
@@ -119,6 +124,8 @@ enum Input {
 pub struct BrokerHandle {
     tx: mpsc::UnboundedSender<Input>,
     pub client: async_nats::Client,
+    /// The administrator's token (admin calls are refused without one).
+    pub admin_token: Option<std::sync::Arc<str>>,
 }
 
 impl BrokerHandle {
@@ -196,18 +203,17 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
     }
     // Whether the broker's own connection is up: sites are not judged by heartbeats it could not hear.
     let (connected_tx, connected) = tokio::sync::watch::channel(true);
-    if let Some(path) = &cfg.tenancy {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let t = crate::core::quota::Tenancy::from_toml(&text)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-        tracing::info!(
-            "{} queues, {} priority classes",
-            t.queues.len(),
-            t.priorities.len()
-        );
-        reactor.tenancy = Some(t);
-    }
+    // The tenancy file is checked now and applied, as a journaled change, once the journal is replayed.
+    let tenancy_file = match &cfg.tenancy {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            crate::core::quota::Tenancy::from_toml(&text)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            Some(text)
+        }
+        None => None,
+    };
     let client = async_nats::ConnectOptions::new()
         .name("meridian broker")
         .retry_on_initial_connect()
@@ -285,6 +291,35 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
     let late = journal.take_over().await?;
     reactor.replay(&late);
     reactor.resume(now_ms());
+    if let Some(e) = &reactor.state.tenancy_toml_error {
+        tracing::error!(
+            "the journaled tenancy could not be read ({e}); quotas are off until it is set again"
+        );
+    }
+    // A tenancy file is applied when it differs from the one last applied at a start: editing the file and
+    // restarting applies it; restarting alone keeps the administrator's changes made through the API.
+    if let Some(text) = tenancy_file {
+        if reactor.state.tenancy_file_toml.as_deref() != Some(text.as_str()) {
+            reactor
+                .step(
+                    now_ms(),
+                    Event::SetTenancy {
+                        toml: text,
+                        from_file: true,
+                    },
+                )
+                .map_err(|e| anyhow::anyhow!("tenancy: {e}"))?;
+            journal.store(reactor.journal_mut().take()).await?;
+        }
+    }
+    if let Some(t) = &reactor.tenancy {
+        tracing::info!(
+            "tenancy: {} queues, {} priority classes, {} budgets",
+            t.queues.len(),
+            t.priorities.len(),
+            t.budgets.len()
+        );
+    }
     tracing::info!(
         "recovered {} jobs and {} sites from {}{} journal records ({} batches) in {} ms",
         reactor.state.jobs.len(),
@@ -299,6 +334,7 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
     let handle = BrokerHandle {
         tx,
         client: client.clone(),
+        admin_token: cfg.admin_token.as_deref().map(std::sync::Arc::from),
     };
     let reactor_task = tokio::spawn(reactor_loop(
         reactor,
@@ -581,6 +617,7 @@ fn answer(reactor: &Reactor<BufferJournal>, q: Query) -> Answer {
         ),
         Query::Explain(id) => Answer::Explain(st.jobs.get(&id).map(views::explain_view)),
         Query::Sites => Answer::Sites(st.sites.values().map(views::site_view).collect()),
+        Query::Tenancy => Answer::Tenancy(st.tenancy_toml.clone()),
         Query::Report(req) => Answer::Report(crate::core::ledger::report(st.jobs.values(), &req)),
         Query::Placement(id) => Answer::Placement(st.jobs.get(&id).and_then(|j| {
             let site = views::job_view(j, &st.sites, &reactor.rtt).site?;
