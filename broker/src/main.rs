@@ -141,6 +141,10 @@ enum Cmd {
         /// Write each run's schedule (job name → site) as JSON.
         #[arg(long)]
         schedule: Option<PathBuf>,
+        /// Queues, quotas and priority classes for the trace's tenants (`qos-ls`, `qos-be`, …), see
+        /// configs/sim/tenancy.toml; adds per-tenant wait and share to the report.
+        #[arg(long)]
+        tenancy: Option<PathBuf>,
     },
     /// Benchmarks; `meridian bench placement --sites N`.
     Bench {
@@ -302,6 +306,7 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
             replica_rps,
             plot,
             schedule,
+            tenancy,
         } => {
             let start_ms = parse_start(&start)?;
             let opts = meridian_broker::sim::SimOptions {
@@ -316,6 +321,7 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
                 limit,
                 slo_ms,
                 replica_rps,
+                tenancy,
             };
             let (report, schedules, jobs) =
                 tokio::task::block_in_place(|| meridian_broker::sim::simulate(&opts))?;

@@ -172,3 +172,58 @@ fn sim_and_a_real_federation_choose_the_same_sites() {
         );
     }
 }
+
+/// With tenants (the trace's QoS classes) under tight quotas in one cohort, the simulator honours them: lenders
+/// preempt borrowers, the independent checker still finds no broken constraint (a stopped attempt runs less
+/// than its time, each job completes once, its attempts never overlap), and the report gives each tenant's
+/// waits and share of the device-hours.
+#[test]
+fn the_simulator_honours_tenants_quotas_and_priorities() {
+    let trace = data("alibaba-gpu-v2023/openb_pod_list_default.csv");
+    let scratch = tempfile::tempdir().unwrap();
+    let tight = std::fs::read_to_string(configs().join("sim/tenancy.toml"))
+        .unwrap()
+        .replace("= 48 }", "= 8 }")
+        .replace("= 32 }", "= 4 }");
+    let tenancy = scratch.path().join("tight.toml");
+    std::fs::write(&tenancy, tight).unwrap();
+    let args = [
+        "--trace",
+        trace.to_str().unwrap(),
+        "--limit",
+        "600",
+        "--policy",
+        "balanced",
+    ];
+    let (_, free) = sim(&args);
+    let mut with = args.to_vec();
+    with.extend(["--tenancy", tenancy.to_str().unwrap()]);
+    let (_, v) = sim(&with);
+    let r = run(&v, "balanced");
+    assert_eq!(r["violations"], 0, "{r}");
+    assert_eq!(r["unplaced"], 0, "{r}");
+    let tenants = r["tenants"].as_array().unwrap();
+    let names: Vec<&str> = tenants
+        .iter()
+        .map(|t| t["tenant"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"qos-ls") && names.contains(&"qos-be"),
+        "{names:?}"
+    );
+    let share: f64 = tenants.iter().map(|t| t["share"].as_f64().unwrap()).sum();
+    assert!((share - 1.0).abs() < 0.01, "{share}");
+    let jobs: u64 = tenants.iter().map(|t| t["jobs"].as_u64().unwrap()).sum();
+    assert_eq!(
+        jobs,
+        r["jobs"].as_u64().unwrap(),
+        "every job is some tenant's"
+    );
+    // The quotas bind: jobs wait for them (no tenancy: none waits this long).
+    let free = run(&free, "balanced");
+    assert!(free["tenants"].as_array().unwrap().is_empty());
+    let waited = tenants
+        .iter()
+        .any(|t| t["wait_p95_s"].as_f64().unwrap() > free["wait_p95_s"].as_f64().unwrap());
+    assert!(waited, "{r}\n{free}");
+}

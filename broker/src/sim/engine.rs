@@ -52,6 +52,8 @@ pub struct ScheduleEntry {
     pub devices: Vec<DeviceShare>,
     pub start_ms: Millis,
     pub end_ms: Millis,
+    /// Stopped before its end (preempted to give quota back); the job ran again later.
+    pub stopped: bool,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -76,7 +78,13 @@ enum Ev {
 const HOUR_MS: u64 = 3_600_000;
 
 /// Runs one simulation. Deterministic: the same inputs give the same schedule.
-pub fn run(fed: &SimFederation, jobs: &[SimJob], ranking: &Ranking, start_ms: Millis) -> SimOutput {
+pub fn run(
+    fed: &SimFederation,
+    jobs: &[SimJob],
+    ranking: &Ranking,
+    start_ms: Millis,
+    tenancy: Option<&crate::core::quota::Tenancy>,
+) -> SimOutput {
     let config = CoreConfig {
         site_lost_after_ms: u64::MAX / 4,
         offer_timeout_ms: u64::MAX / 4,
@@ -84,6 +92,7 @@ pub fn run(fed: &SimFederation, jobs: &[SimJob], ranking: &Ranking, start_ms: Mi
     };
     let mut reactor = Reactor::new(config, fed.rtt.clone(), fed.regions.clone(), NullJournal);
     reactor.throughput = fed.throughput.clone();
+    reactor.tenancy = tenancy.cloned();
     if let Ranking::Baseline(b) = ranking {
         reactor.baseline = Some(*b);
     }
@@ -221,7 +230,13 @@ impl Sim<'_> {
                 return;
             }
             for c in commands {
-                let Command::Offer(offer) = c else { continue };
+                let offer = match c {
+                    Command::Offer(offer) => offer,
+                    Command::Cancel { site, cancel } => {
+                        self.stop(now, &site, &cancel.job, cancel.attempt);
+                        continue;
+                    }
+                };
                 let Some(agent) = self.agents.get_mut(&offer.site) else {
                     continue;
                 };
@@ -268,6 +283,7 @@ impl Sim<'_> {
                     devices: offer.devices.clone(),
                     start_ms: now,
                     end_ms: now + runtime,
+                    stopped: false,
                 });
                 self.push(
                     now + runtime,
@@ -281,15 +297,45 @@ impl Sim<'_> {
         }
     }
 
-    fn finish(&mut self, now: Millis, site: &SiteId, job: &JobId, attempt: u32) {
+    /// The agent stops an attempt (preemption): it ends now and is reported cancelled.
+    fn stop(&mut self, now: Millis, site: &SiteId, job: &JobId, attempt: u32) {
+        let Some(e) = self.open.remove(&(job.clone(), attempt)) else {
+            return;
+        };
         if let Some(a) = self.agents.get_mut(site) {
             a.on_finished(job, attempt);
         }
-        let started = self
-            .open
-            .remove(&(job.clone(), attempt))
-            .map(|e| self.out.schedule[e].start_ms)
-            .unwrap_or(now);
+        let entry = &mut self.out.schedule[e];
+        entry.end_ms = now;
+        entry.stopped = true;
+        let started = entry.start_ms;
+        let _ = self.reactor.step(
+            now,
+            Event::Status(JobStatus {
+                v: WIRE_VERSION,
+                job: job.clone(),
+                attempt,
+                site: site.clone(),
+                state: AttemptState::Cancelled {
+                    reason: "stopped".into(),
+                },
+                at_ms: now,
+                started_at_ms: Some(started),
+                runtime_ms: Some(now - started),
+                checkpoint: None,
+            }),
+        );
+    }
+
+    fn finish(&mut self, now: Millis, site: &SiteId, job: &JobId, attempt: u32) {
+        // An attempt stopped earlier has nothing left to finish.
+        let Some(e) = self.open.remove(&(job.clone(), attempt)) else {
+            return;
+        };
+        if let Some(a) = self.agents.get_mut(site) {
+            a.on_finished(job, attempt);
+        }
+        let started = self.out.schedule[e].start_ms;
         let _ = self.reactor.step(
             now,
             Event::Status(JobStatus {

@@ -37,6 +37,9 @@ pub struct SimOptions {
     pub slo_ms: f64,
     /// Requests per second one inference replica (one GPU) serves.
     pub replica_rps: f64,
+    /// Queues, quotas and priority classes (see configs/sim/tenancy.toml); the trace's jobs belong to tenants
+    /// named after their QoS class (`qos-ls`, `qos-be`, …).
+    pub tenancy: Option<PathBuf>,
 }
 
 /// One run's figures, as `--output json` prints them.
@@ -56,6 +59,19 @@ pub struct RunReport {
     pub violations: usize,
     /// Jobs still waiting when the trace ended (never placed).
     pub unplaced: usize,
+    /// Per tenant (with a tenancy): jobs' waits and share of the device-hours.
+    pub tenants: Vec<TenantFigures>,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct TenantFigures {
+    pub tenant: String,
+    pub jobs: usize,
+    pub wait_p50_s: f64,
+    pub wait_p95_s: f64,
+    pub device_hours: f64,
+    /// Share of all device-hours of the run.
+    pub share: f64,
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -376,10 +392,29 @@ pub fn simulate(opts: &SimOptions) -> anyhow::Result<Simulated> {
         opts.max_wait_s,
         &regions,
     ));
+    let tenancy = match &opts.tenancy {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            let t = crate::core::quota::Tenancy::from_toml(&text)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            // A tenant's jobs take the priority class named after it, where there is one.
+            for j in &mut jobs {
+                if t.priorities.contains_key(j.spec.tenant.as_str()) {
+                    j.spec.priority = Some(j.spec.tenant.to_string());
+                }
+                t.queue_of(&j.spec.tenant, None).map_err(|e| {
+                    anyhow::anyhow!("{}: no queue for the trace's jobs: {e}", path.display())
+                })?;
+            }
+            Some(t)
+        }
+        None => None,
+    };
     let mut runs = Vec::new();
     let mut schedules = Vec::new();
     for ranking in rankings(opts.policy.as_deref(), opts.baselines)? {
-        let out = engine::run(&fed, &jobs, &ranking, opts.start_ms);
+        let out = engine::run(&fed, &jobs, &ranking, opts.start_ms, tenancy.as_ref());
         let checked = checker::check(&fed, &jobs, &out.schedule);
         let mut waits = checked.waits_s.clone();
         waits.sort_by(f64::total_cmp);
@@ -427,6 +462,33 @@ pub fn simulate(opts: &SimOptions) -> anyhow::Result<Simulated> {
             fragmentation: round(checked.fragmentation, 4),
             violations: checked.violations.len(),
             unplaced: out.unplaced.len(),
+            tenants: if tenancy.is_some() {
+                checked
+                    .tenants
+                    .iter()
+                    .map(|(tenant, (waits, hours))| {
+                        let mut w = waits.clone();
+                        w.sort_by(f64::total_cmp);
+                        TenantFigures {
+                            tenant: tenant.clone(),
+                            jobs: w.len(),
+                            wait_p50_s: round(percentile(&w, 0.5), 1),
+                            wait_p95_s: round(percentile(&w, 0.95), 1),
+                            device_hours: round(*hours, 1),
+                            share: round(
+                                if checked.device_hours > 0.0 {
+                                    hours / checked.device_hours
+                                } else {
+                                    0.0
+                                },
+                                4,
+                            ),
+                        }
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            },
         });
         for v in checked.violations.iter().take(5) {
             tracing::warn!("{}: violation: {v}", ranking.name());
@@ -481,6 +543,17 @@ pub fn table(r: &SimReport) -> String {
             x.fragmentation,
             x.violations
         ));
+        for t in &x.tenants {
+            s.push_str(&format!(
+                "  tenant {:<16} {:>6} jobs, wait p50 {:.1} s, p95 {:.1} s, {:.1} device-hours ({:.1}%)\n",
+                t.tenant,
+                t.jobs,
+                t.wait_p50_s,
+                t.wait_p95_s,
+                t.device_hours,
+                t.share * 100.0
+            ));
+        }
     }
     s.push_str(&format!(
         "\n{} trace rows never ran (no scheduled_time) and {} ask for no GPU: not submitted. Inference: {} requests, {} replicas.\n",
