@@ -174,6 +174,7 @@ impl Bench {
                 spec: &self.jobs[i % self.jobs.len()],
                 waited_ms: 0,
                 refused: &[],
+                capped: &[],
                 baseline: None,
             },
             0,

@@ -84,6 +84,8 @@ pub struct Request<'a> {
     pub waited_ms: u64,
     /// Sites that refused this job recently.
     pub refused: &'a [SiteId],
+    /// Pools (site, pool) where the job's queue has reached its per-site quota cap.
+    pub capped: &'a [(SiteId, String)],
     /// Rank by a simple baseline instead of the job's policy (the simulator's comparisons).
     pub baseline: Option<Baseline>,
 }
@@ -185,6 +187,8 @@ pub enum Reject {
         late_by_ms: u64,
     },
     RefusedRecently,
+    /// The job's queue has reached its quota cap at this site.
+    QueueCapped,
     /// Fits the job's shape but not its size right now.
     Busy {
         free_milli: u64,
@@ -237,6 +241,7 @@ impl fmt::Display for Reject {
                 *cap as f64 / 1e6
             ),
             Reject::RefusedRecently => write!(f, "refused or timed out an offer recently"),
+            Reject::QueueCapped => write!(f, "the job's queue is at its quota cap at this site"),
             Reject::Busy {
                 free_milli,
                 needs_milli,
@@ -466,6 +471,10 @@ fn ready_terms(
     if site_reject(view, site, spec).is_some()
         || pool_reject(pool, spec).is_some()
         || req.refused.contains(site.id())
+        || req
+            .capped
+            .iter()
+            .any(|(s, p)| s == site.id() && p == &pool.name)
     {
         return None;
     }
@@ -810,6 +819,14 @@ fn place_over<'s>(
             }
             if req.refused.contains(site.id()) {
                 candidates.push(base(Some(pool), Reject::RefusedRecently));
+                continue;
+            }
+            if req
+                .capped
+                .iter()
+                .any(|(s, p)| s == site.id() && p == &pool.name)
+            {
+                candidates.push(base(Some(pool), Reject::QueueCapped));
                 continue;
             }
             let terms = terms(view, site, pool, spec, &egress, now, duration_ms);

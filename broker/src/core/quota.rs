@@ -11,7 +11,7 @@
 //! A class that no queue of the cohort names is not limited.
 
 use super::Millis;
-use meridian_federation::{AcceleratorKind, JobId, TenantId};
+use meridian_federation::{AcceleratorKind, JobId, SiteId, TenantId};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// A resource class key, `kind:model` or `kind:*`.
@@ -60,6 +60,9 @@ pub struct QueueFile {
     /// The most this queue may borrow beyond its quota, per class, in devices (unlimited when absent).
     #[serde(default)]
     pub borrowing_limit: BTreeMap<String, f64>,
+    /// Caps at single sites: site id → class → devices this queue may hold there at most.
+    #[serde(default)]
+    pub site_caps: BTreeMap<String, BTreeMap<String, f64>>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -69,6 +72,7 @@ pub struct Queue {
     pub cohort: Option<String>,
     pub nominal: BTreeMap<Class, u64>,
     pub borrowing_limit: BTreeMap<Class, u64>,
+    pub site_caps: BTreeMap<SiteId, BTreeMap<Class, u64>>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -130,12 +134,24 @@ impl Tenancy {
                 let c = parse_class(c).map_err(at)?;
                 borrowing_limit.insert(c.clone(), milli(&c, *d, "borrowing_limit").map_err(at)?);
             }
+            let mut site_caps = BTreeMap::new();
+            for (site, caps) in &q.site_caps {
+                let id =
+                    SiteId::new(site).map_err(|e| at(format!("site_caps: site {site:?}: {e}")))?;
+                let mut m = BTreeMap::new();
+                for (c, d) in caps {
+                    let c = parse_class(c).map_err(at)?;
+                    m.insert(c.clone(), milli(&c, *d, "site cap").map_err(at)?);
+                }
+                site_caps.insert(id, m);
+            }
             let queue = Queue {
                 name: q.name.clone(),
                 tenant,
                 cohort: q.cohort.clone(),
                 nominal,
                 borrowing_limit,
+                site_caps,
             };
             if t.queues.insert(q.name.clone(), queue).is_some() {
                 return Err(format!("queue {:?} is defined twice", q.name));
@@ -197,6 +213,8 @@ impl Tenancy {
 pub struct Holding {
     pub job: JobId,
     pub queue: String,
+    /// Where it holds them.
+    pub site: SiteId,
     pub priority: i32,
     pub checkpointable: bool,
     /// When its current attempt was offered (the most recent are preempted first).
@@ -214,6 +232,39 @@ pub fn usage(holdings: &[Holding]) -> BTreeMap<(String, Class), u64> {
         }
     }
     u
+}
+
+/// The pools a job of `queue` taking `milli` must not be placed in, because the queue's cap at their site
+/// (for the pool's class) would be exceeded. `pools` lists (site, pool, kind, model).
+pub fn capped_pools<'a>(
+    queue: &Queue,
+    holdings: &[Holding],
+    pools: impl IntoIterator<Item = (&'a SiteId, &'a str, AcceleratorKind, &'a str)>,
+    milli: u64,
+) -> Vec<(SiteId, String)> {
+    if queue.site_caps.is_empty() {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for (site, pool, kind, model) in pools {
+        let Some(caps) = queue.site_caps.get(site) else {
+            continue;
+        };
+        let over = classes_of(kind, model).iter().any(|c| {
+            caps.get(c).is_some_and(|cap| {
+                let used: u64 = holdings
+                    .iter()
+                    .filter(|h| h.queue == queue.name && &h.site == site)
+                    .filter_map(|h| h.usage.get(c))
+                    .sum();
+                used + milli > *cap
+            })
+        });
+        if over {
+            out.push((site.clone(), pool.to_owned()));
+        }
+    }
+    out
 }
 
 /// What quota says about a job that placement could put somewhere now.

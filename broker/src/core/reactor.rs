@@ -1015,6 +1015,10 @@ impl<J: Journal> Reactor<J> {
                 }
             }
         }
+        let capped = match self.state.jobs.get(id) {
+            Some(job) => self.capped_pools(job),
+            None => return,
+        };
         let Some(job) = self.state.jobs.get_mut(id) else {
             return;
         };
@@ -1030,6 +1034,7 @@ impl<J: Journal> Reactor<J> {
             spec: &job.spec,
             waited_ms: now.saturating_sub(job.waiting_since_ms),
             refused: &refused,
+            capped: &capped,
             baseline: self.baseline,
         };
         let mut decision = placement::place(view, request, now);
@@ -1163,6 +1168,7 @@ impl<J: Journal> Reactor<J> {
                     spec,
                     waited_ms: u64::MAX,
                     refused: &[],
+                    capped: &[],
                     baseline: self.baseline,
                 };
                 match placement::place(view, request, now).outcome {
@@ -1255,6 +1261,26 @@ impl<J: Journal> Reactor<J> {
             .unwrap_or_default()
     }
 
+    /// The pools where the job's queue has reached its per-site cap.
+    fn capped_pools(&self, job: &super::model::Job) -> Vec<(SiteId, String)> {
+        let Some(t) = &self.tenancy else {
+            return Vec::new();
+        };
+        let Ok(queue) = t.queue_of(&job.spec.tenant, job.spec.queue.as_deref()) else {
+            return Vec::new();
+        };
+        if queue.site_caps.is_empty() {
+            return Vec::new();
+        }
+        let milli = job.spec.resources.milli_per_replica() * u64::from(job.spec.replicas.max(1));
+        let pools = self.state.sites.values().flat_map(|s| {
+            s.pools
+                .iter()
+                .map(move |p| (s.id(), p.name.as_str(), p.kind, p.model.as_str()))
+        });
+        super::quota::capped_pools(queue, &self.holdings(t), pools, milli)
+    }
+
     /// Every job holding devices, for quota accounting.
     fn holdings(&self, t: &super::quota::Tenancy) -> Vec<super::quota::Holding> {
         self.state
@@ -1266,6 +1292,7 @@ impl<J: Journal> Reactor<J> {
                 Some(super::quota::Holding {
                     job: j.id.clone(),
                     queue: queue.name.clone(),
+                    site: a.site.clone(),
                     priority: t
                         .priority_of(j.spec.priority.as_deref())
                         .unwrap_or(t.default_priority),
@@ -1481,6 +1508,24 @@ impl<J: Journal> Reactor<J> {
                 let e = cohorts.entry(key).or_default();
                 e.0 += u;
                 e.1 += nominal;
+            }
+        }
+        let holdings = self.holdings(t);
+        for q in t.queues.values() {
+            for (site, caps) in &q.site_caps {
+                for (class, cap) in caps {
+                    let u: u64 = holdings
+                        .iter()
+                        .filter(|h| h.queue == q.name && &h.site == site)
+                        .filter_map(|h| h.usage.get(class))
+                        .sum();
+                    if u > *cap {
+                        return Err(format!(
+                            "queue {} holds {u} milli of {class} at {site}, over its cap {cap}",
+                            q.name
+                        ));
+                    }
+                }
             }
         }
         for ((cohort, class), (u, n)) in cohorts {

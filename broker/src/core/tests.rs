@@ -49,6 +49,7 @@ fn decide_on(
         spec,
         waited_ms,
         refused: &[],
+        capped: &[],
         baseline: None,
     };
     place(view, request, 0)
@@ -1387,6 +1388,53 @@ fn a_tenancy_change_is_journaled_and_survives_replay_and_snapshots() {
         restored.state.tenancy_file_toml.as_deref(),
         Some(small.as_str())
     );
+}
+
+#[test]
+fn a_queue_capped_at_a_site_goes_elsewhere_and_the_explanation_says_why() {
+    let t = COHORT.replace(
+        "name = \"team-a\"\ntenant = \"team-a\"\ncohort = \"research\"\nquota = { \"gpu:*\" = 8 }",
+        "name = \"team-a\"\ntenant = \"team-a\"\ncohort = \"research\"\nquota = { \"gpu:*\" = 8 }\nsite_caps = { a-cheap = { \"gpu:A100\" = 2 } }",
+    );
+    let mut env = TestEnv::new(trio());
+    env.reactor.tenancy = Some(super::quota::Tenancy::from_toml(&t).unwrap());
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        ids.push(env.submit(cheap_job("team-a", &format!("a{i}"))));
+        run_all(&mut env);
+    }
+    let sites: Vec<String> = ids
+        .iter()
+        .map(|id| {
+            env.reactor.state.jobs[id]
+                .assignment
+                .as_ref()
+                .unwrap()
+                .site
+                .to_string()
+        })
+        .collect();
+    assert_eq!(
+        sites.iter().filter(|s| *s == "a-cheap").count(),
+        2,
+        "{sites:?}"
+    );
+    let third = env.reactor.state.jobs[&ids[2]].decision.as_ref().unwrap();
+    let capped = third
+        .candidates
+        .iter()
+        .find(|c| c.site.as_str() == "a-cheap")
+        .and_then(|c| c.reject.as_ref())
+        .map(ToString::to_string);
+    assert_eq!(
+        capped.as_deref(),
+        Some("the job's queue is at its quota cap at this site")
+    );
+    let err = super::quota::Tenancy::from_toml(
+        "[[queues]]\nname = \"q\"\ntenant = \"t\"\nsite_caps = { \"bad site\" = { \"gpu:*\" = 1 } }",
+    )
+    .unwrap_err();
+    assert!(err.contains("site_caps: site \"bad site\""), "{err}");
 }
 
 // ------------------------------------------------------------------------------------------------------------
