@@ -1069,7 +1069,13 @@ impl<J: Journal> Reactor<J> {
         let next_refusal = job.refused_until.iter().map(|(_, u)| *u).min();
         match &decision.outcome {
             Outcome::Wait(wait) => {
-                job.why = wait.to_string();
+                job.why = match wait {
+                    placement::Wait::Busy { .. } if job.spec.replicas > 1 => format!(
+                        "gang of {} replicas, admitted only all together at one site: {wait}",
+                        job.spec.replicas
+                    ),
+                    _ => wait.to_string(),
+                };
                 job.retry_at_ms = wait.retry_at(now).or(next_refusal);
                 job.decision = Some(decision);
             }

@@ -1205,6 +1205,11 @@ fn a_gang_is_admitted_whole_or_not_at_all() {
     let id = env.submit(gang.clone());
     assert!(env.take_offers().is_empty(), "no replica may start alone");
     assert_eq!(env.phase(&id), JobPhase::Pending);
+    let why = &env.reactor.state.jobs[&id].why;
+    assert!(
+        why.starts_with("gang of 2 replicas, admitted only all together at one site"),
+        "{why}"
+    );
     // Site y frees up: both replicas go there together, in one offer.
     let mut freed = site("y", Tier::Owned, 45.6, -121.2)
         .gpus("A100", 4, 1.0)
