@@ -223,6 +223,25 @@ pub struct Holding {
     pub usage: BTreeMap<Class, u64>,
 }
 
+/// What quota decisions look at: the jobs holding devices, their use per (queue, class), and the demand of the
+/// jobs waiting, by queue. Computed once per scheduling pass and again after each change it covers.
+#[derive(Clone, Debug, Default)]
+pub struct QuotaView {
+    pub holdings: Vec<Holding>,
+    pub usage: BTreeMap<(String, Class), u64>,
+    pub waiting: Vec<(String, BTreeMap<Class, u64>)>,
+}
+
+impl QuotaView {
+    pub fn new(holdings: Vec<Holding>, waiting: Vec<(String, BTreeMap<Class, u64>)>) -> Self {
+        QuotaView {
+            usage: usage(&holdings),
+            holdings,
+            waiting,
+        }
+    }
+}
+
 /// Milli-devices in use per (queue, class).
 pub fn usage(holdings: &[Holding]) -> BTreeMap<(String, Class), u64> {
     let mut u = BTreeMap::new();
@@ -291,13 +310,12 @@ fn devices(m: u64) -> String {
 /// cohort has work waiting that its own quota covers (the borrowed share would only be preempted again).
 pub fn admit(
     tenancy: &Tenancy,
-    holdings: &[Holding],
-    waiting: &[(String, BTreeMap<Class, u64>)],
+    view: &QuotaView,
     queue: &Queue,
     priority: i32,
     demand: &BTreeMap<Class, u64>,
 ) -> Admission {
-    let used = usage(holdings);
+    let (holdings, waiting, used) = (&view.holdings, &view.waiting, &view.usage);
     let used_by = |q: &str, c: &str| {
         used.get(&(q.to_owned(), c.to_owned()))
             .copied()

@@ -912,8 +912,9 @@ impl<J: Journal> Reactor<J> {
         if let Some(t) = &self.tenancy {
             self.fair_order(t, now, &mut due);
         }
+        let mut quota = None;
         for id in due {
-            self.try_place(now, &id);
+            self.try_place_with(now, &id, &mut quota);
         }
     }
 
@@ -925,6 +926,9 @@ impl<J: Journal> Reactor<J> {
     /// than an hour of L4. The dominant share is the largest over the kinds.
     fn fair_order(&self, t: &super::quota::Tenancy, now: Millis, due: &mut [JobId]) {
         use meridian_federation::AcceleratorKind;
+        if due.len() < 2 {
+            return;
+        }
         let from = now.saturating_sub(FAIR_SHARE_WINDOW_MS);
         let mut capacity: BTreeMap<AcceleratorKind, f64> = BTreeMap::new();
         for site in self.state.sites.values().filter(|s| s.up) {
@@ -936,8 +940,17 @@ impl<J: Journal> Reactor<J> {
             }
         }
         let mut used: BTreeMap<(String, AcceleratorKind), f64> = BTreeMap::new();
+        let mut queues: HashMap<(&TenantId, Option<&str>), Option<&super::quota::Queue>> =
+            HashMap::new();
         for job in self.state.jobs.values() {
-            let Ok(q) = t.queue_of(&job.spec.tenant, job.spec.queue.as_deref()) else {
+            // Only jobs that ran in the window count.
+            if job.runs.is_empty() || job.finished_ms.is_some_and(|f| f < from) {
+                continue;
+            }
+            let q = *queues
+                .entry((&job.spec.tenant, job.spec.queue.as_deref()))
+                .or_insert_with(|| t.queue_of(&job.spec.tenant, job.spec.queue.as_deref()).ok());
+            let Some(q) = q else {
                 continue;
             };
             for run in &job.runs {
@@ -986,6 +999,16 @@ impl<J: Journal> Reactor<J> {
 
     /// Places one pending job: reserves devices and sends an offer, or records why it waits.
     fn try_place(&mut self, now: Millis, id: &JobId) {
+        self.try_place_with(now, id, &mut None);
+    }
+
+    /// [`Self::try_place`] with the pass's quota view (computed when first needed, dropped after a change).
+    fn try_place_with(
+        &mut self,
+        now: Millis,
+        id: &JobId,
+        quota: &mut Option<super::quota::QuotaView>,
+    ) {
         let Some(job) = self.state.jobs.get_mut(id) else {
             return;
         };
@@ -997,7 +1020,7 @@ impl<J: Journal> Reactor<J> {
         // take waits for quota, not for capacity; a lender taking its quota back frees the borrowed devices
         // before placement looks for some.
         let demand = Self::spec_demand(&job.spec);
-        match self.admit_demand(id, &demand) {
+        match self.admit_demand(id, &demand, quota) {
             super::quota::Admission::Admit => {}
             super::quota::Admission::Wait(why) => {
                 if let Some(job) = self.state.jobs.get_mut(id) {
@@ -1013,10 +1036,11 @@ impl<J: Journal> Reactor<J> {
                 for v in &victims {
                     self.preempt(now, v, id, &reason);
                 }
+                *quota = None;
             }
         }
         let capped = match self.state.jobs.get(id) {
-            Some(job) => self.capped_pools(job),
+            Some(job) => self.capped_pools(job, quota),
             None => return,
         };
         let Some(job) = self.state.jobs.get_mut(id) else {
@@ -1051,7 +1075,7 @@ impl<J: Journal> Reactor<J> {
         }
         // Quota: a job that could run now may still have to wait for its queue's quota, or take it back.
         if let Outcome::Place(choice) = &decision.outcome {
-            match self.admission(id, choice) {
+            match self.admission(id, choice, quota) {
                 super::quota::Admission::Admit => {}
                 super::quota::Admission::Wait(why) => {
                     decision.outcome = Outcome::Wait(placement::Wait::Quota(why));
@@ -1062,6 +1086,8 @@ impl<J: Journal> Reactor<J> {
                     }
                 }
             }
+            // The job is placed now (or preempted others): what quota saw has changed.
+            *quota = None;
         }
         let Some(job) = self.state.jobs.get_mut(id) else {
             return;
@@ -1194,9 +1220,30 @@ impl<J: Journal> Reactor<J> {
     }
 
     /// What quota says about placing job `id` as `choice` (admitted when there is no tenancy).
-    fn admission(&self, id: &JobId, choice: &placement::Choice) -> super::quota::Admission {
+    fn admission(
+        &self,
+        id: &JobId,
+        choice: &placement::Choice,
+        quota: &mut Option<super::quota::QuotaView>,
+    ) -> super::quota::Admission {
         let demand = self.class_usage(&choice.site, &choice.pool, &choice.devices);
-        self.admit_demand(id, &demand)
+        self.admit_demand(id, &demand, quota)
+    }
+
+    /// What quota decisions look at now (see [`super::quota::QuotaView`]).
+    fn quota_view(&self, t: &super::quota::Tenancy) -> super::quota::QuotaView {
+        let waiting = self
+            .state
+            .pending
+            .iter()
+            .filter_map(|p| self.state.jobs.get(p))
+            .filter(|j| j.phase == JobPhase::Pending)
+            .filter_map(|j| {
+                let q = t.queue_of(&j.spec.tenant, j.spec.queue.as_deref()).ok()?;
+                Some((q.name.clone(), Self::spec_demand(&j.spec)))
+            })
+            .collect();
+        super::quota::QuotaView::new(self.holdings(t), waiting)
     }
 
     /// What quota says about job `id` taking `demand` (admitted when there is no tenancy).
@@ -1204,6 +1251,7 @@ impl<J: Journal> Reactor<J> {
         &self,
         id: &JobId,
         demand: &BTreeMap<super::quota::Class, u64>,
+        quota: &mut Option<super::quota::QuotaView>,
     ) -> super::quota::Admission {
         use super::quota::{admit, Admission};
         let (Some(t), Some(job)) = (&self.tenancy, self.state.jobs.get(id)) else {
@@ -1215,19 +1263,9 @@ impl<J: Journal> Reactor<J> {
         let priority = t
             .priority_of(job.spec.priority.as_deref())
             .unwrap_or(t.default_priority);
-        let waiting: Vec<(String, BTreeMap<super::quota::Class, u64>)> = self
-            .state
-            .pending
-            .iter()
-            .filter(|p| *p != id)
-            .filter_map(|p| self.state.jobs.get(p))
-            .filter(|j| j.phase == JobPhase::Pending)
-            .filter_map(|j| {
-                let q = t.queue_of(&j.spec.tenant, j.spec.queue.as_deref()).ok()?;
-                Some((q.name.clone(), Self::spec_demand(&j.spec)))
-            })
-            .collect();
-        admit(t, &self.holdings(t), &waiting, queue, priority, demand)
+        // (The job itself is among the waiting ones; `admit` looks only at other queues' waiting work.)
+        let view = quota.get_or_insert_with(|| self.quota_view(t));
+        admit(t, view, queue, priority, demand)
     }
 
     /// The classes a job counts against whatever pool it gets: `kind:*`, and `kind:model` when it allows one
@@ -1268,7 +1306,11 @@ impl<J: Journal> Reactor<J> {
     }
 
     /// The pools where the job's queue has reached its per-site cap.
-    fn capped_pools(&self, job: &super::model::Job) -> Vec<(SiteId, String)> {
+    fn capped_pools(
+        &self,
+        job: &super::model::Job,
+        quota: &mut Option<super::quota::QuotaView>,
+    ) -> Vec<(SiteId, String)> {
         let Some(t) = &self.tenancy else {
             return Vec::new();
         };
@@ -1284,7 +1326,8 @@ impl<J: Journal> Reactor<J> {
                 .iter()
                 .map(move |p| (s.id(), p.name.as_str(), p.kind, p.model.as_str()))
         });
-        super::quota::capped_pools(queue, &self.holdings(t), pools, milli)
+        let view = quota.get_or_insert_with(|| self.quota_view(t));
+        super::quota::capped_pools(queue, &view.holdings, pools, milli)
     }
 
     /// Every job holding devices, for quota accounting.
