@@ -1019,7 +1019,11 @@ impl<J: Journal> Reactor<J> {
         // Quota first, on the classes the job counts against whatever pool it gets: a job its queue cannot
         // take waits for quota, not for capacity; a lender taking its quota back frees the borrowed devices
         // before placement looks for some.
-        let demand = Self::spec_demand(&job.spec);
+        let demand = if self.tenancy.is_some() {
+            Self::spec_demand(&job.spec)
+        } else {
+            BTreeMap::new()
+        };
         match self.admit_demand(id, &demand, quota) {
             super::quota::Admission::Admit => {}
             super::quota::Admission::Wait(why) => {
