@@ -9,6 +9,31 @@ use meridian_federation::{JobId, SiteId};
 use serde::Serialize;
 use std::path::PathBuf;
 
+/// `println!` for the command's output: a reader that has gone away (`meridian jobs | head`) ends the command
+/// quietly instead of panicking.
+macro_rules! outln {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(e) = writeln!(std::io::stdout(), $($t)*) {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                std::process::exit(0);
+            }
+        }
+    }};
+}
+
+/// `print!` for the command's output (see [`outln!`]).
+macro_rules! out {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(e) = write!(std::io::stdout(), $($t)*) {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                std::process::exit(0);
+            }
+        }
+    }};
+}
+
 #[derive(Parser, Debug)]
 #[command(
     name = "meridian",
@@ -222,7 +247,7 @@ fn main() {
 
 fn print<T: Serialize>(output: Output, value: &T, table: impl FnOnce(&T)) -> anyhow::Result<bool> {
     match output {
-        Output::Json => println!("{}", serde_json::to_string_pretty(value)?),
+        Output::Json => outln!("{}", serde_json::to_string_pretty(value)?),
         Output::Table => table(value),
         Output::Csv => {
             anyhow::bail!("--output csv is for `meridian report`; use table or json here")
@@ -247,15 +272,15 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
             };
             let fed = tokio::task::block_in_place(|| LocalFederation::start(&federation, opts))?;
             let url = fed.nats_url();
-            println!("federation up: HTTP API {}", fed.http);
+            outln!("federation up: HTTP API {}", fed.http);
             for (i, n) in fed.nats.nodes.iter().enumerate() {
-                println!("NATS node {}: {}", i + 1, n.url);
+                outln!("NATS node {}: {}", i + 1, n.url);
             }
             for (site, leaf) in &fed.nats.leaves {
-                println!("NATS leaf node for {site}: {}", leaf.url);
+                outln!("NATS leaf node for {site}: {}", leaf.url);
             }
             let names: Vec<&str> = fed.brokers.iter().map(|b| b.name.as_str()).collect();
-            println!(
+            outln!(
                 "brokers: {} (the first is active{})",
                 names.join(", "),
                 if names.len() > 1 {
@@ -264,12 +289,12 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
                     ""
                 }
             );
-            println!("sites: {}", fed.site_ids().join(", "));
-            println!(
+            outln!("sites: {}", fed.site_ids().join(", "));
+            outln!(
                 "logs and state in {}; Ctrl-C stops everything",
                 fed.dir.display()
             );
-            println!("try: meridian --nats {url} sites");
+            outln!("try: meridian --nats {url} sites");
             let mut sigterm =
                 tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
             tokio::select! {
@@ -351,9 +376,7 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
                 std::fs::write(&path, serde_json::to_string_pretty(&map)?)
                     .with_context(|| format!("writing {}", path.display()))?;
             }
-            print(out, &report, |r| {
-                print!("{}", meridian_broker::sim::table(r))
-            })
+            print(out, &report, |r| out!("{}", meridian_broker::sim::table(r)))
         }
         Cmd::Bench {
             what:
@@ -374,7 +397,7 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
             )
             .await?;
             // One JSON line either way: the figures are meant to be compared and collected.
-            println!("{}", serde_json::to_string(&f)?);
+            outln!("{}", serde_json::to_string(&f)?);
             if out == Output::Table {
                 eprintln!(
                     "{} jobs on {} sites, {} in flight: {:.0} dispatches/s vs {:.0} plain NATS requests/s (ratio {:.3}); p50 {:.1} ms, p99 {:.1} ms; {} journal appends; recovery after kill -9 {} ms",
@@ -396,7 +419,7 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
             let figures =
                 tokio::task::block_in_place(|| meridian_broker::bench::placement(sites, decisions));
             print(out, &figures, |f| {
-                println!(
+                outln!(
                     "{} sites: {:.0} decisions/s, p50 {:.2} µs, p99 {:.2} µs with the index; full scan p50 {:.2} µs, p99 {:.2} µs; {:.0}% placed",
                     f.sites, f.decisions_per_s, f.p50_us, f.p99_us, f.full_scan_p50_us, f.full_scan_p99_us, f.placed_share * 100.0
                 )
@@ -412,7 +435,7 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
                         .await
                         .with_context(|| format!("submitting {}", file.display()))?;
                     print(out, &r, |r| {
-                        println!(
+                        outln!(
                             "{} {}",
                             r.job,
                             if r.created {
@@ -426,12 +449,17 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
                 Cmd::Jobs => {
                     let jobs = client.jobs().await?;
                     print(out, &jobs, |jobs| {
-                        println!(
+                        outln!(
                             "{:<9} {:<20} {:<10} {:<10} {:<16} {:>3}  WHY",
-                            "JOB", "NAME", "KIND", "STATE", "SITE", "ATT"
+                            "JOB",
+                            "NAME",
+                            "KIND",
+                            "STATE",
+                            "SITE",
+                            "ATT"
                         );
                         for j in jobs {
-                            println!(
+                            outln!(
                                 "{:<9} {:<20} {:<10} {:<10} {:<16} {:>3}  {}",
                                 j.job.as_str(),
                                 j.name.clone().unwrap_or_default(),
@@ -447,9 +475,14 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
                 Cmd::Sites => {
                     let sites = client.sites().await?;
                     print(out, &sites, |sites| {
-                        println!(
+                        outln!(
                             "{:<18} {:<8} {:<5} {:<6} {:>5} {:>6}  POOLS (free/total)",
-                            "SITE", "TIER", "UP", "DRAIN", "PUE", "gCO2"
+                            "SITE",
+                            "TIER",
+                            "UP",
+                            "DRAIN",
+                            "PUE",
+                            "gCO2"
                         );
                         for s in sites {
                             let pools: Vec<String> = s
@@ -464,7 +497,7 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
                                     )
                                 })
                                 .collect();
-                            println!(
+                            outln!(
                                 "{:<18} {:<8} {:<5} {:<6} {:>5.2} {:>6}  {}",
                                 s.site.as_str(),
                                 s.tier.as_str(),
@@ -480,14 +513,21 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
                 Cmd::Explain { job } => {
                     let e = client.explain(&job).await?;
                     print(out, &e, |e| {
-                        println!("{} is {}: {}", e.job, e.phase.as_str(), e.why);
-                        println!("policy {}", e.policy);
+                        outln!("{} is {}: {}", e.job, e.phase.as_str(), e.why);
+                        outln!("policy {}", e.policy);
                         if e.candidates.is_empty() {
-                            println!("(no placement was tried: the reason above holds it first)");
+                            outln!("(no placement was tried: the reason above holds it first)");
                         } else {
-                            println!(
+                            outln!(
                                 "{:<18} {:<8} {:<8} {:>9} {:>8} {:>8} {:>8} {:>8}  VERDICT",
-                                "SITE", "TIER", "POOL", "COST $", "kWh", "kgCO2", "RTT ms", "SCORE"
+                                "SITE",
+                                "TIER",
+                                "POOL",
+                                "COST $",
+                                "kWh",
+                                "kgCO2",
+                                "RTT ms",
+                                "SCORE"
                             );
                         }
                         for c in &e.candidates {
@@ -512,7 +552,7 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
                             } else {
                                 c.rejected.clone().unwrap_or_default()
                             };
-                            println!(
+                            outln!(
                                 "{:<18} {:<8} {:<8} {:>9} {:>8} {:>8} {:>8} {:>8}  {}",
                                 c.site.as_str(),
                                 c.tier.as_str(),
@@ -526,27 +566,27 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
                             );
                         }
                         for p in &e.pruned {
-                            println!(
+                            outln!(
                                 "{:<18} pruned by the index: {}",
                                 format!("({} sites)", p.sites),
                                 p.reason
                             );
                         }
-                        println!("history:");
+                        outln!("history:");
                         for h in &e.history {
-                            println!("  {h}");
+                            outln!("  {h}");
                         }
                     })
                 }
                 Cmd::Cancel { job } => {
                     let j = client.cancel(&job).await?;
                     print(out, &j, |j| {
-                        println!("{} {}: {}", j.job, j.phase.as_str(), j.why)
+                        outln!("{} {}: {}", j.job, j.phase.as_str(), j.why)
                     })
                 }
                 Cmd::Logs { job } => {
                     let l = client.logs(&job).await?;
-                    print(out, &l, |l| println!("{}", l.text))
+                    print(out, &l, |l| outln!("{}", l.text))
                 }
                 Cmd::ScaleIn {
                     service,
@@ -556,7 +596,7 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
                     let r = client.scale_in(&tenant, &service, remove).await?;
                     print(out, &r, |r| {
                         for id in &r.stopping {
-                            println!("{id} stopping");
+                            outln!("{id} stopping");
                         }
                     })
                 }
@@ -570,8 +610,8 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
                     };
                     let v = client.tenancy(&admin_token, toml).await?;
                     print(out, &v, |v| match &v.toml {
-                        Some(t) => print!("{t}"),
-                        None => println!("no tenancy: nothing is limited by quota"),
+                        Some(t) => out!("{t}"),
+                        None => outln!("no tenancy: nothing is limited by quota"),
                     })
                 }
                 Cmd::Report { tenant, from, to } => {
@@ -590,7 +630,7 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
                 }
                 Cmd::Drain { site, undo } => {
                     let s = client.drain(&site, !undo).await?;
-                    print(out, &s, |s| println!("{} draining: {}", s.site, s.draining))
+                    print(out, &s, |s| outln!("{} draining: {}", s.site, s.draining))
                 }
                 Cmd::Broker(_)
                 | Cmd::Up { .. }
@@ -614,13 +654,21 @@ fn report_sections(
 }
 
 fn print_report_table(r: &meridian_federation::ReportView) {
-    println!(
+    outln!(
         "{:<7} {:<20} {:>6} {:>8} {:>12} {:>12} {:>10} {:>10} {:>11}",
-        "BY", "KEY", "JOBS", "ATTEMPTS", "DEVICE-H", "USD", "kWh", "kgCO2e", "WAIT s"
+        "BY",
+        "KEY",
+        "JOBS",
+        "ATTEMPTS",
+        "DEVICE-H",
+        "USD",
+        "kWh",
+        "kgCO2e",
+        "WAIT s"
     );
     for (by, rows) in report_sections(r) {
         for x in rows {
-            println!(
+            outln!(
                 "{:<7} {:<20} {:>6} {:>8} {:>12.3} {:>12.2} {:>10.3} {:>10.3} {:>11.1}",
                 by,
                 x.key,
@@ -634,15 +682,15 @@ fn print_report_table(r: &meridian_federation::ReportView) {
             );
         }
     }
-    println!("JOBS per site or model counts a job in every row it ran in; the other columns add up to the total.");
+    outln!("JOBS per site or model counts a job in every row it ran in; the other columns add up to the total.");
 }
 
 /// The report as CSV, in the ledger's integer units.
 fn print_report_csv(r: &meridian_federation::ReportView) {
-    println!("by,key,jobs,attempts,device_milli_ms,cost_micro_usd,energy_wh,co2_g,wait_ms");
+    outln!("by,key,jobs,attempts,device_milli_ms,cost_micro_usd,energy_wh,co2_g,wait_ms");
     for (by, rows) in report_sections(r) {
         for x in rows {
-            println!(
+            outln!(
                 "{by},{},{},{},{},{},{},{},{}",
                 x.key,
                 x.jobs,
