@@ -688,8 +688,8 @@ fn unknown_residency_is_refused_before_the_journal() {
     assert_eq!(env.reactor.journal().records.len(), before);
 }
 
-#[test]
-fn replaying_the_journal_rebuilds_the_same_state() {
+/// Six jobs submitted, one run to the end, one refused, then a site loss: a journal with some of everything.
+fn journaled_scenario() -> TestEnv {
     let mut env = TestEnv::new(trio());
     for i in 0..6 {
         env.submit(job(&format!("k{i}"), 3));
@@ -704,6 +704,12 @@ fn replaying_the_journal_rebuilds_the_same_state() {
     );
     env.status(&offers[0], AttemptState::Succeeded { exit_code: 0 }, 1000);
     env.advance(20_000);
+    env
+}
+
+#[test]
+fn replaying_the_journal_rebuilds_the_same_state() {
+    let env = journaled_scenario();
     let mut fresh = super::reactor::Reactor::new(
         env.reactor.config.clone(),
         RttTable::default(),
@@ -717,20 +723,7 @@ fn replaying_the_journal_rebuilds_the_same_state() {
 
 #[test]
 fn a_snapshot_plus_the_records_after_it_rebuilds_the_same_state_from_any_point() {
-    let mut env = TestEnv::new(trio());
-    for i in 0..6 {
-        env.submit(job(&format!("k{i}"), 3));
-    }
-    let offers = env.take_offers();
-    env.answer(&offers[0], OfferOutcome::Accepted);
-    env.answer(
-        &offers[1],
-        OfferOutcome::Rejected {
-            reason: "no".into(),
-        },
-    );
-    env.status(&offers[0], AttemptState::Succeeded { exit_code: 0 }, 1000);
-    env.advance(20_000);
+    let env = journaled_scenario();
     let records = &env.reactor.journal().records;
     let fresh = || {
         super::reactor::Reactor::new(

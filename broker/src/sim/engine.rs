@@ -302,29 +302,12 @@ impl Sim<'_> {
         let Some(e) = self.open.remove(&(job.clone(), attempt)) else {
             return;
         };
-        if let Some(a) = self.agents.get_mut(site) {
-            a.on_finished(job, attempt);
-        }
-        let entry = &mut self.out.schedule[e];
-        entry.end_ms = now;
-        entry.stopped = true;
-        let started = entry.start_ms;
-        let _ = self.reactor.step(
-            now,
-            Event::Status(JobStatus {
-                v: WIRE_VERSION,
-                job: job.clone(),
-                attempt,
-                site: site.clone(),
-                state: AttemptState::Cancelled {
-                    reason: "stopped".into(),
-                },
-                at_ms: now,
-                started_at_ms: Some(started),
-                runtime_ms: Some(now - started),
-                checkpoint: None,
-            }),
-        );
+        self.out.schedule[e].end_ms = now;
+        self.out.schedule[e].stopped = true;
+        let state = AttemptState::Cancelled {
+            reason: "stopped".into(),
+        };
+        self.ended(now, site, job, attempt, e, state);
     }
 
     fn finish(&mut self, now: Millis, site: &SiteId, job: &JobId, attempt: u32) {
@@ -332,10 +315,30 @@ impl Sim<'_> {
         let Some(e) = self.open.remove(&(job.clone(), attempt)) else {
             return;
         };
+        self.ended(
+            now,
+            site,
+            job,
+            attempt,
+            e,
+            AttemptState::Succeeded { exit_code: 0 },
+        );
+    }
+
+    /// The agent's side of an attempt's end: its devices are free, and the broker hears how it ended.
+    fn ended(
+        &mut self,
+        now: Millis,
+        site: &SiteId,
+        job: &JobId,
+        attempt: u32,
+        entry: usize,
+        state: AttemptState,
+    ) {
         if let Some(a) = self.agents.get_mut(site) {
             a.on_finished(job, attempt);
         }
-        let started = self.out.schedule[e].start_ms;
+        let started = self.out.schedule[entry].start_ms;
         let _ = self.reactor.step(
             now,
             Event::Status(JobStatus {
@@ -343,7 +346,7 @@ impl Sim<'_> {
                 job: job.clone(),
                 attempt,
                 site: site.clone(),
-                state: AttemptState::Succeeded { exit_code: 0 },
+                state,
                 at_ms: now,
                 started_at_ms: Some(started),
                 runtime_ms: Some(now - started),
