@@ -788,6 +788,16 @@ fn run_all(env: &mut TestEnv) {
     }
 }
 
+/// The first job still pending (by id).
+fn first_pending(env: &TestEnv) -> &super::model::Job {
+    env.reactor
+        .state
+        .jobs
+        .values()
+        .find(|j| j.phase == JobPhase::Pending)
+        .unwrap_or_else(|| panic!("no job is pending"))
+}
+
 fn count(env: &TestEnv, tenant: &str, phase: JobPhase) -> usize {
     env.reactor
         .state
@@ -808,13 +818,7 @@ fn a_lender_reclaims_its_quota_from_the_borrower_not_from_the_borrowers_own_shar
         run_all(&mut env);
     }
     assert_eq!(count(&env, "team-a", JobPhase::Running), 16);
-    let waiting = env
-        .reactor
-        .state
-        .jobs
-        .values()
-        .find(|j| j.phase == JobPhase::Pending)
-        .unwrap();
+    let waiting = first_pending(&env);
     assert!(
         waiting.why.contains("waiting for quota: queue team-a"),
         "{}",
@@ -948,13 +952,7 @@ fn borrowing_stops_at_the_borrowing_limit_and_unknown_queues_are_refused() {
         run_all(&mut env);
     }
     assert_eq!(count(&env, "team-a", JobPhase::Running), 10);
-    let waiting = env
-        .reactor
-        .state
-        .jobs
-        .values()
-        .find(|j| j.phase == JobPhase::Pending)
-        .unwrap();
+    let waiting = first_pending(&env);
     assert!(
         waiting.why.contains("over its borrowing limit of 2.000"),
         "{}",
