@@ -276,7 +276,12 @@ fn killing_a_broker_an_agent_and_a_nats_node_loses_nothing() {
             let e = f.explain(id);
             for h in e["history"].as_array().into_iter().flatten() {
                 let h = h.as_str().unwrap_or("");
-                if let Some(why) = h.split_once(" requeued: ").map(|(_, w)| w) {
+                // Requeues, and offers given up (timed out or refused), each note after its time stamp.
+                let note = h.split_once(' ').map_or(h, |(_, n)| n);
+                let why = note
+                    .strip_prefix("requeued: ")
+                    .or_else(|| note.contains("offer to").then_some(note));
+                if let Some(why) = why {
                     let why: String = why.chars().take(60).collect();
                     *reasons.entry(why).or_default() += 1;
                 }

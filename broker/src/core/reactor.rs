@@ -72,6 +72,10 @@ pub enum Event {
         #[serde(default)]
         from_file: bool,
     },
+    /// The broker could not act for a while (it took over from another, its journal stalled, or its own NATS
+    /// connection was down): offers still unanswered get their full timeout again from now, since their answers
+    /// may have been waiting unheard; and site liveness starts afresh.
+    Resume,
     /// Time passed: loss of sites, offer timeouts, burst timers.
     Tick,
 }
@@ -401,6 +405,17 @@ impl<J: Journal> Reactor<J> {
             }
             Event::Tick => {
                 self.on_tick(now);
+                Response::Done
+            }
+            Event::Resume => {
+                self.resume(now);
+                for id in &self.state.offered {
+                    if let Some(job) = self.state.jobs.get_mut(id) {
+                        if job.phase == JobPhase::Offered {
+                            job.offered_ms = Some(now);
+                        }
+                    }
+                }
                 Response::Done
             }
             Event::SetTenancy { toml, from_file } => {

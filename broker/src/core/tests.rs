@@ -1433,6 +1433,41 @@ fn a_queue_capped_at_a_site_goes_elsewhere_and_the_explanation_says_why() {
     assert!(err.contains("site_caps: site \"bad site\""), "{err}");
 }
 
+#[test]
+fn after_a_resume_an_unanswered_offer_gets_its_full_timeout_again() {
+    let mut env = TestEnv::new(trio());
+    let id = env.submit(job("k", 1));
+    let offers = env.take_offers();
+    assert_eq!(offers.len(), 1);
+    // The broker was blind for longer than the offer timeout (a takeover, a stalled journal).
+    env.now += env.reactor.config.offer_timeout_ms + 1_000;
+    env.step(Event::Resume);
+    env.advance(10);
+    assert_eq!(
+        env.phase(&id),
+        JobPhase::Offered,
+        "the answer may still be on its way"
+    );
+    // The agent's answer, heard late, is taken.
+    env.answer(&offers[0], OfferOutcome::Accepted);
+    env.status(&offers[0], AttemptState::Running, 0);
+    assert_eq!(env.phase(&id), JobPhase::Running);
+    assert_eq!(env.reactor.state.jobs[&id].attempt, 1);
+    // Without the resume, the same wait times the offer out.
+    let mut other = TestEnv::new(trio());
+    let id = other.submit(job("k", 1));
+    other.take_offers();
+    other.now += other.reactor.config.offer_timeout_ms + 1_000;
+    for s in ["a-cheap", "b-green", "c-frankfurt"] {
+        other.heartbeat(s);
+    }
+    other.advance(10);
+    assert_eq!(
+        other.reactor.state.jobs[&id].attempt, 2,
+        "timed out and offered again elsewhere"
+    );
+}
+
 // ------------------------------------------------------------------------------------------------------------
 // Oracle: the placer never breaks a hard constraint, respects the tier order, and under the cost policy never
 // loses to a brute-force scan of every site on its own objective.

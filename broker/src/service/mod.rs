@@ -290,7 +290,10 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
     // Fence out the broker that was active before, and replay what it wrote since the last look.
     let late = journal.take_over().await?;
     reactor.replay(&late);
-    reactor.resume(now_ms());
+    reactor
+        .step(now_ms(), Event::Resume)
+        .map_err(|e| anyhow::anyhow!("resuming: {e}"))?;
+    journal.store(reactor.journal_mut().take()).await?;
     if let Some(e) = &reactor.state.tenancy_toml_error {
         tracing::error!(
             "the journaled tenancy could not be read ({e}); quotas are off until it is set again"
@@ -542,7 +545,9 @@ async fn reactor_loop(
         } else if was_down {
             was_down = false;
             tracing::info!("NATS connection back; site liveness starts afresh");
-            reactor.resume(now_ms());
+            if let Err(e) = reactor.step(now_ms(), Event::Resume) {
+                tracing::error!("resume failed: {e}");
+            }
         }
         // Timers run after what has arrived: heartbeats that waited in the queue count before a site is judged.
         if tick {
@@ -583,7 +588,9 @@ async fn reactor_loop(
                     "the journal took {} ms to store a batch; site liveness starts afresh",
                     storing.elapsed().as_millis()
                 );
-                reactor.resume(now_ms());
+                if let Err(e) = reactor.step(now_ms(), Event::Resume) {
+                    tracing::error!("resume failed: {e}");
+                }
             }
             if journal.snapshot_due(reactor.state.jobs.len()) {
                 journal.save_snapshot(&reactor.state.snapshot(journal.last_seq(), now));
