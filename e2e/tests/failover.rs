@@ -2,8 +2,8 @@
 //! down, and a restarted broker recovers from its latest snapshot. Real nats-server and binaries.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
-use meridian_broker::core::journal::Record;
-use meridian_broker::core::reactor::Event;
+use meridian_core::journal::Record;
+use meridian_core::reactor::Event;
 use meridian_broker::local::{LocalOptions, Nats};
 use meridian_broker::service::journal::{JetStreamJournal, StoreError};
 use meridian_e2e::*;

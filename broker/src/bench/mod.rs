@@ -9,12 +9,12 @@
 
 pub mod dispatch;
 
-use crate::core::index::SiteIndex;
-use crate::core::latency::RttTable;
-use crate::core::model::Site;
-use crate::core::placement::{place, Request, View};
-use crate::core::regions::Regions;
-use crate::core::throughput::Throughput;
+use meridian_core::index::SiteIndex;
+use meridian_core::latency::RttTable;
+use meridian_core::model::Site;
+use meridian_core::placement::{place, Request, View};
+use meridian_core::regions::Regions;
+use meridian_core::throughput::Throughput;
 use crate::sim::trace::{city, SplitMix64, CITIES};
 use meridian_federation::*;
 use serde::Serialize;
@@ -179,7 +179,7 @@ impl Bench {
             },
             0,
         );
-        matches!(d.outcome, crate::core::placement::Outcome::Place(_))
+        matches!(d.outcome, meridian_core::placement::Outcome::Place(_))
     }
 }
 

@@ -2,7 +2,7 @@
 //! [`ApiReply`] body and an HTTP status; bad input gets an error that names the field and the problem.
 
 use super::{Answer, BrokerHandle, Query};
-use crate::core::reactor::{Event, Response, StepError};
+use meridian_core::reactor::{Event, Response, StepError};
 use bytes::Bytes;
 use futures::StreamExt;
 use meridian_federation::subjects::{self, SiteTopic};

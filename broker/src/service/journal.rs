@@ -11,8 +11,8 @@
 //! written in the background every `snapshot_every` records, so recovery time follows the live state, not
 //! the length of history. The stream itself is kept whole: it is the record of what happened.
 
-use crate::core::journal::Record;
-use crate::core::snapshot::Snapshot;
+use meridian_core::journal::Record;
+use meridian_core::snapshot::Snapshot;
 use anyhow::Context;
 use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::message::PublishMessage;

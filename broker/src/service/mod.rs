@@ -7,11 +7,11 @@ pub mod http;
 pub mod journal;
 pub mod lease;
 
-use crate::core::journal::BufferJournal;
-use crate::core::latency::RttTable;
-use crate::core::reactor::{Command, CoreConfig, Event, Reactor, Response, StepError};
-use crate::core::regions::{parse_geojson, Regions};
-use crate::core::views;
+use meridian_core::journal::BufferJournal;
+use meridian_core::latency::RttTable;
+use meridian_core::reactor::{Command, CoreConfig, Event, Reactor, Response, StepError};
+use meridian_core::regions::{parse_geojson, Regions};
+use meridian_core::views;
 use anyhow::Context;
 use bytes::Bytes;
 use futures::StreamExt;
@@ -152,7 +152,7 @@ impl BrokerHandle {
 }
 
 fn stopped() -> StepError {
-    StepError::Journal(crate::core::journal::JournalError::Unavailable(
+    StepError::Journal(meridian_core::journal::JournalError::Unavailable(
         "broker is stopping".into(),
     ))
 }
@@ -198,7 +198,7 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
     if let Some(path) = &cfg.throughput {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        reactor.throughput = crate::core::throughput::Throughput::from_toml(&text)
+        reactor.throughput = meridian_core::throughput::Throughput::from_toml(&text)
             .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     }
     // Whether the broker's own connection is up: sites are not judged by heartbeats it could not hear.
@@ -208,7 +208,7 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading {}", path.display()))?;
-            crate::core::quota::Tenancy::from_toml(&text)
+            meridian_core::quota::Tenancy::from_toml(&text)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
             Some(text)
         }
@@ -625,7 +625,7 @@ fn answer(reactor: &Reactor<BufferJournal>, q: Query) -> Answer {
         Query::Explain(id) => Answer::Explain(st.jobs.get(&id).map(views::explain_view)),
         Query::Sites => Answer::Sites(st.sites.values().map(views::site_view).collect()),
         Query::Tenancy => Answer::Tenancy(st.tenancy_toml.clone()),
-        Query::Report(req) => Answer::Report(crate::core::ledger::report(st.jobs.values(), &req)),
+        Query::Report(req) => Answer::Report(meridian_core::ledger::report(st.jobs.values(), &req)),
         Query::Placement(id) => Answer::Placement(st.jobs.get(&id).and_then(|j| {
             let site = views::job_view(j, &st.sites, &reactor.rtt).site?;
             (j.attempt > 0).then_some((site, j.attempt))

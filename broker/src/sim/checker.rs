@@ -4,7 +4,7 @@
 
 use super::engine::{ScheduleEntry, SimJob};
 use super::federation::SimFederation;
-use crate::core::Millis;
+use meridian_core::Millis;
 use meridian_federation::{JobKind, Tier};
 use std::collections::BTreeMap;
 

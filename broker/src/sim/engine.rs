@@ -2,10 +2,10 @@
 //! reservations, offers, burst) with the agents' own pure core in place of NATS. Nothing here places jobs.
 
 use super::federation::SimFederation;
-use crate::core::journal::NullJournal;
-use crate::core::placement::Baseline;
-use crate::core::reactor::{Command, CoreConfig, Event, Reactor, Response};
-use crate::core::Millis;
+use meridian_core::journal::NullJournal;
+use meridian_core::placement::Baseline;
+use meridian_core::reactor::{Command, CoreConfig, Event, Reactor, Response};
+use meridian_core::Millis;
 use meridian_agent::core::AgentCore;
 use meridian_federation::{
     AttemptState, DeviceShare, JobId, JobPhase, JobSpec, JobStatus, OfferOutcome, Policy, SiteId,
@@ -83,7 +83,7 @@ pub fn run(
     jobs: &[SimJob],
     ranking: &Ranking,
     start_ms: Millis,
-    tenancy: Option<&crate::core::quota::Tenancy>,
+    tenancy: Option<&meridian_core::quota::Tenancy>,
 ) -> SimOutput {
     let config = CoreConfig {
         site_lost_after_ms: u64::MAX / 4,

@@ -6,9 +6,9 @@ pub mod engine;
 pub mod federation;
 pub mod trace;
 
-use crate::core::inference::{plan_replicas, Population};
-use crate::core::model::Site;
-use crate::core::placement::Baseline;
+use meridian_core::inference::{plan_replicas, Population};
+use meridian_core::model::Site;
+use meridian_core::placement::Baseline;
 use anyhow::Context;
 use engine::{Ranking, SimJob};
 use federation::SimFederation;
@@ -206,7 +206,7 @@ pub fn azure_regions() -> anyhow::Result<Vec<(String, GeoPoint)>> {
 pub fn nearest_region(regions: &[(String, GeoPoint)], p: GeoPoint) -> Option<String> {
     regions
         .iter()
-        .map(|(id, at)| (crate::core::latency::distance_km(p, *at), id))
+        .map(|(id, at)| (meridian_core::latency::distance_km(p, *at), id))
         .filter(|(d, _)| *d <= REGION_MAP_KM)
         .min_by(|a, b| a.0.total_cmp(&b.0))
         .map(|(_, id)| id.clone())
@@ -396,7 +396,7 @@ pub fn simulate(opts: &SimOptions) -> anyhow::Result<Simulated> {
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading {}", path.display()))?;
-            let t = crate::core::quota::Tenancy::from_toml(&text)
+            let t = meridian_core::quota::Tenancy::from_toml(&text)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
             // A tenant's jobs take the priority class named after it, where there is one.
             for j in &mut jobs {

@@ -22,7 +22,7 @@ fn choose(adverts: Vec<SiteAdvert>, spec: &JobSpec, waited_ms: u64) -> Outcome {
 
 fn choose_indexed(adverts: Vec<SiteAdvert>, spec: &JobSpec, waited_ms: u64) -> Outcome {
     let sites = sites(adverts);
-    let mut index = crate::core::index::SiteIndex::default();
+    let mut index = crate::index::SiteIndex::default();
     for s in sites.values() {
         index.update(s, &Default::default());
     }
@@ -34,7 +34,7 @@ fn decide_on(
     sites: &BTreeMap<SiteId, Site>,
     spec: &JobSpec,
     throughput: &super::throughput::Throughput,
-    index: Option<&crate::core::index::SiteIndex>,
+    index: Option<&crate::index::SiteIndex>,
     waited_ms: u64,
 ) -> super::placement::Decision {
     let (rtt, regions) = (RttTable::default(), regions());
@@ -1576,7 +1576,7 @@ mod oracle {
 
 mod index_oracle {
     use super::*;
-    use crate::core::index::SiteIndex;
+    use crate::index::SiteIndex;
     use proptest::prelude::*;
 
     proptest! {

@@ -142,7 +142,7 @@ fn probe_spec() -> meridian_federation::JobSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::testkit::site;
+    use crate::testkit::site;
 
     fn sites(adverts: Vec<meridian_federation::SiteAdvert>) -> BTreeMap<SiteId, Site> {
         adverts

@@ -1,4 +1,6 @@
-//! The broker's pure core: no tokio, NATS or clocks. Time is passed in as milliseconds since the Unix epoch.
+//! Meridian's pure core: placement, queues and quotas, budgets, the metering ledger and the reactor over broker
+//! state. No tokio, NATS or clocks (this crate depends on none of them, so the compiler keeps the rule). Time is
+//! passed in as milliseconds since the Unix epoch.
 
 pub mod budget;
 pub mod index;
