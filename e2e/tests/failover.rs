@@ -2,10 +2,10 @@
 //! down, and a restarted broker recovers from its latest snapshot. Real nats-server and binaries.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
-use meridian_core::journal::Record;
-use meridian_core::reactor::Event;
 use meridian_broker::local::{LocalOptions, Nats};
 use meridian_broker::service::journal::{JetStreamJournal, StoreError};
+use meridian_core::journal::Record;
+use meridian_core::reactor::Event;
 use meridian_e2e::*;
 use meridian_federation::JobId;
 use nix::sys::signal::{kill, Signal};

@@ -3,9 +3,8 @@
 //! counter) and the journal sequence it includes; the idempotency map, the active, pending and offered sets and
 //! the site index are rebuilt from it.
 
-use super::journal::Journal;
 use super::model::{Job, Site};
-use super::reactor::{Reactor, State};
+use super::reactor::State;
 use super::Millis;
 
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -34,50 +33,5 @@ impl State {
             tenancy_toml: self.tenancy_toml.clone(),
             tenancy_file_toml: self.tenancy_file_toml.clone(),
         }
-    }
-}
-
-impl<J: Journal> Reactor<J> {
-    /// Replaces the state with a snapshot's; derived parts are rebuilt.
-    pub fn restore(&mut self, snap: Snapshot) {
-        let mut st = State {
-            next_job: snap.next_job,
-            dirty: true,
-            tenancy_file_toml: snap.tenancy_file_toml,
-            ..State::default()
-        };
-        if let Some(toml) = snap.tenancy_toml {
-            match super::quota::Tenancy::from_toml(&toml) {
-                Ok(t) => {
-                    self.tenancy = Some(t);
-                    st.tenancy_toml = Some(toml);
-                }
-                Err(e) => st.tenancy_toml_error = Some(e),
-            }
-        }
-        for site in snap.sites {
-            st.index.update(&site, &self.throughput);
-            st.sites.insert(site.id().clone(), site);
-        }
-        for job in snap.jobs {
-            st.by_key.insert(
-                (job.spec.tenant.clone(), job.spec.idempotency_key.clone()),
-                job.id.clone(),
-            );
-            if !job.phase.is_terminal() {
-                st.active.insert(job.id.clone());
-            }
-            match job.phase {
-                meridian_federation::JobPhase::Pending => {
-                    st.pending.insert(job.id.clone());
-                }
-                meridian_federation::JobPhase::Offered => {
-                    st.offered.insert(job.id.clone());
-                }
-                _ => {}
-            }
-            st.jobs.insert(job.id.clone(), job);
-        }
-        self.state = st;
     }
 }

@@ -231,6 +231,15 @@ impl TestEnv {
     }
 
     pub fn phase(&self, job: &JobId) -> JobPhase {
-        self.reactor.state.jobs[job].phase
+        self.reactor.state().jobs[job].phase
+    }
+
+    /// Sets the tenancy (queues, quotas, priority classes, budgets) from a tenancy file's text, as an
+    /// administrator would.
+    pub fn set_tenancy(&mut self, toml: &str) {
+        self.step(Event::SetTenancy {
+            toml: toml.to_owned(),
+            from_file: false,
+        });
     }
 }

@@ -9,13 +9,13 @@
 
 pub mod dispatch;
 
+use crate::sim::trace::{city, SplitMix64, CITIES};
 use meridian_core::index::SiteIndex;
 use meridian_core::latency::RttTable;
 use meridian_core::model::Site;
 use meridian_core::placement::{place, Request, View};
 use meridian_core::regions::Regions;
 use meridian_core::throughput::Throughput;
-use crate::sim::trace::{city, SplitMix64, CITIES};
 use meridian_federation::*;
 use serde::Serialize;
 use std::collections::BTreeMap;

@@ -2,9 +2,9 @@
 //! [`ApiReply`] body and an HTTP status; bad input gets an error that names the field and the problem.
 
 use super::{Answer, BrokerHandle, Query};
-use meridian_core::reactor::{Event, Response, StepError};
 use bytes::Bytes;
 use futures::StreamExt;
+use meridian_core::reactor::{Event, Response, StepError};
 use meridian_federation::subjects::{self, SiteTopic};
 use meridian_federation::{
     decode, encode, ApiReply, DrainRequest, Empty, ErrorBody, ErrorCode, JobId, JobRef, JobSpec,

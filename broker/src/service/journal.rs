@@ -11,14 +11,14 @@
 //! written in the background every `snapshot_every` records, so recovery time follows the live state, not
 //! the length of history. The stream itself is kept whole: it is the record of what happened.
 
-use meridian_core::journal::Record;
-use meridian_core::snapshot::Snapshot;
 use anyhow::Context;
 use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::{self, consumer, object_store, stream};
 use bytes::Bytes;
 use futures::StreamExt;
+use meridian_core::journal::Record;
+use meridian_core::snapshot::Snapshot;
 use meridian_federation::subjects;
 use tokio::io::AsyncReadExt;
 

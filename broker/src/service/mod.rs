@@ -7,14 +7,14 @@ pub mod http;
 pub mod journal;
 pub mod lease;
 
+use anyhow::Context;
+use bytes::Bytes;
+use futures::StreamExt;
 use meridian_core::journal::BufferJournal;
 use meridian_core::latency::RttTable;
 use meridian_core::reactor::{Command, CoreConfig, Event, Reactor, Response, StepError};
 use meridian_core::regions::{parse_geojson, Regions};
 use meridian_core::views;
-use anyhow::Context;
-use bytes::Bytes;
-use futures::StreamExt;
 use meridian_federation::subjects::{self, SiteTopic};
 use meridian_federation::{
     decode, encode, BrokerHello, ExplainView, Heartbeat, JobId, JobStatus, JobView, OfferOutcome,
@@ -194,13 +194,17 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
         offer_timeout_ms: cfg.offer_timeout_ms,
         refusal_cooldown_ms: cfg.offer_timeout_ms.max(2_000) * 2,
     };
-    let mut reactor = Reactor::new(core, rtt, regions, BufferJournal::default());
-    if let Some(path) = &cfg.throughput {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        reactor.throughput = meridian_core::throughput::Throughput::from_toml(&text)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-    }
+    let throughput = match &cfg.throughput {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            meridian_core::throughput::Throughput::from_toml(&text)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?
+        }
+        None => Default::default(),
+    };
+    let mut reactor =
+        Reactor::new(core, rtt, regions, BufferJournal::default()).with_throughput(throughput);
     // Whether the broker's own connection is up: sites are not judged by heartbeats it could not hear.
     let (connected_tx, connected) = tokio::sync::watch::channel(true);
     // The tenancy file is checked now and applied, as a journaled change, once the journal is replayed.
@@ -294,7 +298,7 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
         .step(now_ms(), Event::Resume)
         .map_err(|e| anyhow::anyhow!("resuming: {e}"))?;
     journal.store(reactor.journal_mut().take()).await?;
-    if let Some(e) = &reactor.state.tenancy_toml_error {
+    if let Some(e) = &reactor.state().tenancy_toml_error() {
         tracing::error!(
             "the journaled tenancy could not be read ({e}); quotas are off until it is set again"
         );
@@ -302,7 +306,7 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
     // A tenancy file is applied when it differs from the one last applied at a start: editing the file and
     // restarting applies it; restarting alone keeps the administrator's changes made through the API.
     if let Some(text) = tenancy_file {
-        if reactor.state.tenancy_file_toml.as_deref() != Some(text.as_str()) {
+        if reactor.state().tenancy_file_toml() != Some(text.as_str()) {
             reactor
                 .step(
                     now_ms(),
@@ -315,7 +319,7 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
             journal.store(reactor.journal_mut().take()).await?;
         }
     }
-    if let Some(t) = &reactor.tenancy {
+    if let Some(t) = &reactor.tenancy() {
         tracing::info!(
             "tenancy: {} queues, {} priority classes, {} budgets",
             t.queues.len(),
@@ -325,8 +329,8 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
     }
     tracing::info!(
         "recovered {} jobs and {} sites from {}{} journal records ({} batches) in {} ms",
-        reactor.state.jobs.len(),
-        reactor.state.sites.len(),
+        reactor.state().jobs().len(),
+        reactor.state().sites().len(),
         if from_snapshot { "a snapshot and " } else { "" },
         replayed + late.len(),
         batches,
@@ -592,8 +596,8 @@ async fn reactor_loop(
                     tracing::error!("resume failed: {e}");
                 }
             }
-            if journal.snapshot_due(reactor.state.jobs.len()) {
-                journal.save_snapshot(&reactor.state.snapshot(journal.last_seq(), now));
+            if journal.snapshot_due(reactor.state().jobs().len()) {
+                journal.save_snapshot(&reactor.state().snapshot(journal.last_seq(), now));
             }
         }
         for (tx, r) in replies {
@@ -609,25 +613,27 @@ async fn reactor_loop(
 }
 
 fn answer(reactor: &Reactor<BufferJournal>, q: Query) -> Answer {
-    let st = &reactor.state;
+    let st = reactor.state();
     match q {
         Query::Jobs => Answer::Jobs(
-            st.jobs
+            st.jobs()
                 .values()
-                .map(|j| views::job_view(j, &st.sites, &reactor.rtt))
+                .map(|j| views::job_view(j, st.sites(), reactor.rtt()))
                 .collect(),
         ),
         Query::Job(id) => Answer::Job(
-            st.jobs
+            st.jobs()
                 .get(&id)
-                .map(|j| views::job_view(j, &st.sites, &reactor.rtt)),
+                .map(|j| views::job_view(j, st.sites(), reactor.rtt())),
         ),
-        Query::Explain(id) => Answer::Explain(st.jobs.get(&id).map(views::explain_view)),
-        Query::Sites => Answer::Sites(st.sites.values().map(views::site_view).collect()),
-        Query::Tenancy => Answer::Tenancy(st.tenancy_toml.clone()),
-        Query::Report(req) => Answer::Report(meridian_core::ledger::report(st.jobs.values(), &req)),
-        Query::Placement(id) => Answer::Placement(st.jobs.get(&id).and_then(|j| {
-            let site = views::job_view(j, &st.sites, &reactor.rtt).site?;
+        Query::Explain(id) => Answer::Explain(st.jobs().get(&id).map(views::explain_view)),
+        Query::Sites => Answer::Sites(st.sites().values().map(views::site_view).collect()),
+        Query::Tenancy => Answer::Tenancy(st.tenancy_toml().map(str::to_owned)),
+        Query::Report(req) => {
+            Answer::Report(meridian_core::ledger::report(st.jobs().values(), &req))
+        }
+        Query::Placement(id) => Answer::Placement(st.jobs().get(&id).and_then(|j| {
+            let site = views::job_view(j, st.sites(), reactor.rtt()).site?;
             (j.attempt > 0).then_some((site, j.attempt))
         })),
     }

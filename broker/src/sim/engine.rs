@@ -2,11 +2,11 @@
 //! reservations, offers, burst) with the agents' own pure core in place of NATS. Nothing here places jobs.
 
 use super::federation::SimFederation;
+use meridian_agent::core::AgentCore;
 use meridian_core::journal::NullJournal;
 use meridian_core::placement::Baseline;
 use meridian_core::reactor::{Command, CoreConfig, Event, Reactor, Response};
 use meridian_core::Millis;
-use meridian_agent::core::AgentCore;
 use meridian_federation::{
     AttemptState, DeviceShare, JobId, JobPhase, JobSpec, JobStatus, OfferOutcome, Policy, SiteId,
     WIRE_VERSION,
@@ -83,18 +83,30 @@ pub fn run(
     jobs: &[SimJob],
     ranking: &Ranking,
     start_ms: Millis,
-    tenancy: Option<&meridian_core::quota::Tenancy>,
-) -> SimOutput {
+    tenancy: Option<&str>,
+) -> anyhow::Result<SimOutput> {
     let config = CoreConfig {
         site_lost_after_ms: u64::MAX / 4,
         offer_timeout_ms: u64::MAX / 4,
         refusal_cooldown_ms: 60_000,
     };
-    let mut reactor = Reactor::new(config, fed.rtt.clone(), fed.regions.clone(), NullJournal);
-    reactor.throughput = fed.throughput.clone();
-    reactor.tenancy = tenancy.cloned();
-    if let Ranking::Baseline(b) = ranking {
-        reactor.baseline = Some(*b);
+    let baseline = match ranking {
+        Ranking::Baseline(b) => Some(*b),
+        Ranking::Policy(_) => None,
+    };
+    let mut reactor = Reactor::new(config, fed.rtt.clone(), fed.regions.clone(), NullJournal)
+        .with_throughput(fed.throughput.clone())
+        .with_baseline(baseline);
+    if let Some(toml) = tenancy {
+        reactor
+            .step(
+                start_ms,
+                Event::SetTenancy {
+                    toml: toml.to_owned(),
+                    from_file: true,
+                },
+            )
+            .map_err(|e| anyhow::anyhow!("the simulator's tenancy was refused: {e}"))?;
     }
     let mut agents: BTreeMap<SiteId, AgentCore> = BTreeMap::new();
     for s in &fed.sites {
@@ -117,7 +129,7 @@ pub fn run(
     };
     let ids: Vec<SiteId> = sim.agents.keys().cloned().collect();
     for id in ids {
-        sim.advertise(start_ms, &id);
+        sim.advertise(start_ms, &id)?;
     }
     for (i, j) in jobs.iter().enumerate() {
         sim.push(j.arrival_ms, Ev::Arrival(i));
@@ -134,28 +146,28 @@ pub fn run(
                         spec.policy = Some(p.clone());
                     }
                 }
-                if let Ok(Response::Submitted(r)) = sim.reactor.step(now, Event::Submit(spec)) {
+                if let Response::Submitted(r) = sim.step(now, Event::Submit(spec))? {
                     sim.ids.insert(r.job.clone(), i);
                     if let Some(t) = sim
                         .reactor
-                        .state
-                        .jobs
+                        .state()
+                        .jobs()
                         .get(&r.job)
                         .and_then(|j| j.retry_at_ms)
                     {
                         sim.push(t.max(now), Ev::Tick);
                     }
                 }
-                sim.drain(now);
+                sim.drain(now)?;
             }
             Ev::Finish { site, job, attempt } => {
-                sim.finish(now, &site, &job, attempt);
-                let _ = sim.reactor.step(now, Event::Tick);
-                sim.drain(now);
+                sim.finish(now, &site, &job, attempt)?;
+                sim.step(now, Event::Tick)?;
+                sim.drain(now)?;
             }
             Ev::Tick => {
-                let _ = sim.reactor.step(now, Event::Tick);
-                sim.drain(now);
+                sim.step(now, Event::Tick)?;
+                sim.drain(now)?;
             }
             Ev::Hour(h) => {
                 let ids: Vec<SiteId> = sim
@@ -170,9 +182,9 @@ pub fn run(
                         agent.info = s.info_at(now);
                         agent.generation += 1;
                     }
-                    sim.advertise(now, &id);
+                    sim.advertise(now, &id)?;
                 }
-                let busy = sim.reactor.state.active_jobs().next().is_some();
+                let busy = sim.reactor.state().active_jobs().next().is_some();
                 if arrivals_left > 0 || busy {
                     sim.push(now + HOUR_MS, Ev::Hour(h + 1));
                 }
@@ -185,14 +197,14 @@ pub fn run(
         mut out,
         ..
     } = sim;
-    for (id, job) in &reactor.state.jobs {
+    for (id, job) in reactor.state().jobs() {
         if job.phase == JobPhase::Pending {
             if let Some(i) = ids.get(id) {
                 out.unplaced.push(*i);
             }
         }
     }
-    out
+    Ok(out)
 }
 
 struct Sim<'a> {
@@ -214,26 +226,38 @@ impl Sim<'_> {
         self.queue.push(Reverse((at, self.seq, ev)));
     }
 
-    fn advertise(&mut self, now: Millis, site: &SiteId) {
+    /// One reactor step; the simulation stops on a refused step, since every input it makes should be valid.
+    fn step(&mut self, now: Millis, event: Event) -> anyhow::Result<Response> {
+        let what = format!("{event:?}");
+        self.reactor.step(now, event).map_err(|e| {
+            anyhow::anyhow!(
+                "the reactor refused a simulated step at {now} ms: {e} (event {})",
+                what.chars().take(300).collect::<String>()
+            )
+        })
+    }
+
+    fn advertise(&mut self, now: Millis, site: &SiteId) -> anyhow::Result<()> {
         if let Some(a) = self.agents.get(site) {
             let advert = a.advert(now);
-            let _ = self.reactor.step(now, Event::Advert(advert));
-            self.drain(now);
+            self.step(now, Event::Advert(advert))?;
+            self.drain(now)?;
         }
+        Ok(())
     }
 
     /// Delivers the reactor's outbox to the simulated agents until it is empty.
-    fn drain(&mut self, now: Millis) {
+    fn drain(&mut self, now: Millis) -> anyhow::Result<()> {
         loop {
             let commands = self.reactor.take_outbox();
             if commands.is_empty() {
-                return;
+                return Ok(());
             }
             for c in commands {
                 let offer = match c {
                     Command::Offer(offer) => offer,
                     Command::Cancel { site, cancel } => {
-                        self.stop(now, &site, &cancel.job, cancel.attempt);
+                        self.stop(now, &site, &cancel.job, cancel.attempt)?;
                         continue;
                     }
                 };
@@ -242,7 +266,7 @@ impl Sim<'_> {
                 };
                 let (reply, start) = agent.on_offer(&offer);
                 let accepted = reply.outcome == OfferOutcome::Accepted;
-                let _ = self.reactor.step(
+                self.step(
                     now,
                     Event::OfferAnswer {
                         site: offer.site.clone(),
@@ -250,7 +274,7 @@ impl Sim<'_> {
                         attempt: offer.attempt,
                         outcome: reply.outcome,
                     },
-                );
+                )?;
                 if !(accepted && start) {
                     continue;
                 }
@@ -298,22 +322,34 @@ impl Sim<'_> {
     }
 
     /// The agent stops an attempt (preemption): it ends now and is reported cancelled.
-    fn stop(&mut self, now: Millis, site: &SiteId, job: &JobId, attempt: u32) {
+    fn stop(
+        &mut self,
+        now: Millis,
+        site: &SiteId,
+        job: &JobId,
+        attempt: u32,
+    ) -> anyhow::Result<()> {
         let Some(e) = self.open.remove(&(job.clone(), attempt)) else {
-            return;
+            return Ok(());
         };
         self.out.schedule[e].end_ms = now;
         self.out.schedule[e].stopped = true;
         let state = AttemptState::Cancelled {
             reason: "stopped".into(),
         };
-        self.ended(now, site, job, attempt, e, state);
+        self.ended(now, site, job, attempt, e, state)
     }
 
-    fn finish(&mut self, now: Millis, site: &SiteId, job: &JobId, attempt: u32) {
+    fn finish(
+        &mut self,
+        now: Millis,
+        site: &SiteId,
+        job: &JobId,
+        attempt: u32,
+    ) -> anyhow::Result<()> {
         // An attempt stopped earlier has nothing left to finish.
         let Some(e) = self.open.remove(&(job.clone(), attempt)) else {
-            return;
+            return Ok(());
         };
         self.ended(
             now,
@@ -322,7 +358,7 @@ impl Sim<'_> {
             attempt,
             e,
             AttemptState::Succeeded { exit_code: 0 },
-        );
+        )
     }
 
     /// The agent's side of an attempt's end: its devices are free, and the broker hears how it ended.
@@ -334,12 +370,12 @@ impl Sim<'_> {
         attempt: u32,
         entry: usize,
         state: AttemptState,
-    ) {
+    ) -> anyhow::Result<()> {
         if let Some(a) = self.agents.get_mut(site) {
             a.on_finished(job, attempt);
         }
         let started = self.out.schedule[entry].start_ms;
-        let _ = self.reactor.step(
+        self.step(
             now,
             Event::Status(JobStatus {
                 v: WIRE_VERSION,
@@ -352,6 +388,7 @@ impl Sim<'_> {
                 runtime_ms: Some(now - started),
                 checkpoint: None,
             }),
-        );
+        )?;
+        Ok(())
     }
 }

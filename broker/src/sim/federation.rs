@@ -5,13 +5,13 @@
 //! the next 24 hours, the values of the same hours of the day before (`h − 24 …`): placement never sees a
 //! future value of the real series. Metering (the checker) uses the real series.
 
+use crate::local::FederationFile;
+use anyhow::Context;
+use meridian_agent::config::{parse_site_file, SiteFile};
 use meridian_core::latency::RttTable;
 use meridian_core::regions::{parse_geojson, Regions};
 use meridian_core::throughput::Throughput;
 use meridian_core::Millis;
-use crate::local::FederationFile;
-use anyhow::Context;
-use meridian_agent::config::{parse_site_file, SiteFile};
 use meridian_federation::{PoolAdvert, SiteId, SiteInfo};
 use std::path::Path;
 

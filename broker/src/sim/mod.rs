@@ -6,12 +6,12 @@ pub mod engine;
 pub mod federation;
 pub mod trace;
 
-use meridian_core::inference::{plan_replicas, Population};
-use meridian_core::model::Site;
-use meridian_core::placement::Baseline;
 use anyhow::Context;
 use engine::{Ranking, SimJob};
 use federation::SimFederation;
+use meridian_core::inference::{plan_replicas, Population};
+use meridian_core::model::Site;
+use meridian_core::placement::Baseline;
 use meridian_federation::{
     AcceleratorKind, Constraints, GeoPoint, JobKind, JobSpec, Policy, Resources, RunSpec, SiteId,
     TenantId, UserLocation, WIRE_VERSION,
@@ -407,14 +407,14 @@ pub fn simulate(opts: &SimOptions) -> anyhow::Result<Simulated> {
                     anyhow::anyhow!("{}: no queue for the trace's jobs: {e}", path.display())
                 })?;
             }
-            Some(t)
+            Some(text)
         }
         None => None,
     };
     let mut runs = Vec::new();
     let mut schedules = Vec::new();
     for ranking in rankings(opts.policy.as_deref(), opts.baselines)? {
-        let out = engine::run(&fed, &jobs, &ranking, opts.start_ms, tenancy.as_ref());
+        let out = engine::run(&fed, &jobs, &ranking, opts.start_ms, tenancy.as_deref())?;
         let checked = checker::check(&fed, &jobs, &out.schedule);
         let mut waits = checked.waits_s.clone();
         waits.sort_by(f64::total_cmp);

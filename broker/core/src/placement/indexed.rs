@@ -1,0 +1,293 @@
+//! Placement through the site index: exact best-first searches that examine only the pools that can matter.
+
+use super::filters::{judge_pool, site_reject, PoolJudgement};
+use super::scan::place_over;
+use super::terms::{score, PerTerm, Term, Terms};
+use super::{policy_of, weights, Decision, Outcome, Request, View, DEFAULT_DURATION_S};
+use crate::index::{Objective, SiteIndex};
+use crate::latency;
+use crate::model::{Pool, Site};
+use crate::Millis;
+use meridian_federation::{JobKind, JobSpec, Policy, SiteId, Tier};
+use std::collections::HashMap;
+
+/// Whether the job can run on this pool now, and its terms there if so. (Jobs with datasets take the full
+/// scan, so there is no egress to price here.)
+fn ready_terms(
+    view: View<'_>,
+    req: Request<'_>,
+    now: Millis,
+    site: &Site,
+    pool: &Pool,
+    duration_ms: u64,
+) -> Option<Terms> {
+    if site_reject(view, site, req.spec).is_some() {
+        return None;
+    }
+    match judge_pool(view, req, now, site, pool, duration_ms, &HashMap::new()) {
+        PoolJudgement::Ready(terms, _) => Some(terms),
+        PoolJudgement::Busy(_) | PoolJudgement::Rejected(_) => None,
+    }
+}
+
+/// Looks at one listed pool: records its site as examined and returns its terms if it can run the job now.
+fn examine<'a>(
+    view: View<'a>,
+    req: Request<'_>,
+    now: Millis,
+    id: &'a SiteId,
+    pool_name: &str,
+    duration_ms: u64,
+    examined: &mut Vec<&'a SiteId>,
+) -> Option<Terms> {
+    let site = view.sites.get(id)?;
+    let pool = site.pool(pool_name)?;
+    if !examined.contains(&id) {
+        examined.push(id);
+    }
+    ready_terms(view, req, now, site, pool, duration_ms)
+}
+
+/// One best-first list of pools with room: (lower bound of the term, site, pool), ascending by the bound.
+type List<'a> = Box<dyn Iterator<Item = (f64, &'a SiteId, &'a str)> + 'a>;
+
+/// The lists of a tier for the terms the search uses (cost, carbon, latency).
+fn lists<'a>(
+    view: View<'a>,
+    spec: &'a JobSpec,
+    index: &'a SiteIndex,
+    tier: Tier,
+    terms_used: &[Term],
+    duration_ms: u64,
+) -> Vec<(Term, List<'a>)> {
+    // A whole-job bound from a per-device-hour bound, with room for integer rounding.
+    let scale = spec.total_milli() as f64 / 1000.0 * duration_ms as f64 / 3_600_000.0;
+    let kind = spec.resources.kind;
+    let mut out: Vec<(Term, List<'a>)> = Vec::new();
+    for &term in terms_used {
+        let list: List<'a> = match term {
+            Term::Cost | Term::Carbon => {
+                let objective = if term == Term::Cost {
+                    Objective::Cost
+                } else {
+                    Objective::Carbon
+                };
+                Box::new(
+                    index
+                        .ordered(kind, tier, objective)
+                        .map(move |(b, id, p)| (b * scale * (1.0 - 1e-3) - 1.0, id, p)),
+                )
+            }
+            _ => {
+                let Some(reference) = spec
+                    .users
+                    .iter()
+                    .max_by(|a, b| a.weight.total_cmp(&b.weight))
+                else {
+                    continue;
+                };
+                let reference = reference.location;
+                let total: f64 = spec.users.iter().map(|u| u.weight).sum();
+                // Triangle inequality: d(u, s) >= d(r, s) - d(r, u) for the reference user r.
+                let spread: f64 = spec
+                    .users
+                    .iter()
+                    .map(|u| u.weight * latency::distance_km(reference, u.location))
+                    .sum::<f64>()
+                    / total;
+                let per_km = 2.0 * latency::ROUTE_FACTOR / latency::FIBRE_KM_PER_MS;
+                let sites = view.sites;
+                Box::new(
+                    index
+                        .nearest(kind, tier, crate::index::unit_vector(reference))
+                        .map(move |(id, p)| {
+                            let d = sites
+                                .get(id)
+                                .map_or(0.0, |s| latency::distance_km(reference, s.info.location));
+                            (latency::BASE_RTT_MS + per_km * (d - spread) - 1e-6, id, p)
+                        }),
+                )
+            }
+        };
+        out.push((term, list));
+    }
+    out
+}
+
+/// Walks one list and returns the exact minimum of `term` over the pools that can run the job now, stopping once
+/// the bound passes it; every site looked at is added to `examined`.
+fn best_of<'a>(
+    view: View<'a>,
+    req: Request<'_>,
+    now: Millis,
+    list: List<'a>,
+    term: Term,
+    duration_ms: u64,
+    examined: &mut Vec<&'a SiteId>,
+) -> Option<f64> {
+    let mut best: Option<f64> = None;
+    for (lower, id, pool_name) in list {
+        if best.is_some_and(|b| lower > b) {
+            break;
+        }
+        if let Some(t) = examine(view, req, now, id, pool_name, duration_ms, examined) {
+            let v = t.get(term);
+            best = Some(best.map_or(v, |b| b.min(v)));
+        }
+    }
+    best
+}
+
+/// Placement through the index without scoring every site with room, where an exact search applies:
+/// - `cost`, `green`, `latency`: walk the pools best-first by a lower bound of the policy's first term (cost and
+///   carbon per reference device-hour; round trip from the users by the triangle inequality in an R-tree) and
+///   stop once the bound passes the best exact value;
+/// - `balanced` and weights on cost, carbon and latency: find each term's best the same way (the normalisation
+///   needs them), then run the threshold algorithm over the three lists: the score only grows with each term,
+///   so a pool not yet seen scores at least the score of the lists' current bounds, and the search stops when
+///   the best exact score is below that.
+///
+/// The sites examined are then evaluated by `place_over`, in site-id order, so the decision and its
+/// explanation are those of a full scan restricted to sites that can matter. Jobs with datasets, measured
+/// user regions, a closed start window or a baseline ranking take the general path (`None`).
+pub(super) fn place_indexed<'a>(
+    view: View<'a>,
+    req: Request<'a>,
+    now: Millis,
+    index: &'a SiteIndex,
+) -> Option<Decision> {
+    let spec = req.spec;
+    let policy = policy_of(spec);
+    if req.baseline.is_some()
+        || !spec.datasets.is_empty()
+        || spec.users.iter().any(|u| u.rtt_region.is_some())
+        || spec.window.start_after_ms.is_some_and(|t| t > now)
+    {
+        return None;
+    }
+    let mut w = weights(&policy);
+    if policy == Policy::Balanced && spec.kind != JobKind::Inference {
+        w.latency = 0.0;
+    }
+    let lexicographic_term = match policy {
+        Policy::Cost => Some(Term::Cost),
+        Policy::Green => Some(Term::Carbon),
+        Policy::Latency => Some(Term::Latency),
+        _ => None,
+    };
+    if lexicographic_term.is_none() && w.energy > 0.0 {
+        return None;
+    }
+    if lexicographic_term == Some(Term::Latency) && spec.users.is_empty() {
+        return None;
+    }
+    let ws = PerTerm::weights(&w);
+    let used: Vec<Term> = match lexicographic_term {
+        Some(t) => vec![t],
+        None => [Term::Cost, Term::Carbon, Term::Latency]
+            .into_iter()
+            .filter(|t| ws.get(*t) > 0.0 && (*t != Term::Latency || !spec.users.is_empty()))
+            .collect(),
+    };
+    if used.is_empty() {
+        return None;
+    }
+    let duration_ms = spec.duration_s.unwrap_or(DEFAULT_DURATION_S) * 1000;
+    let mut examined: Vec<&SiteId> = Vec::new();
+    for tier in Tier::ALL {
+        if tier == Tier::Cloud && req.waited_ms < spec.max_wait_s * 1000 {
+            return None;
+        }
+        let mut best = PerTerm::splat(f64::NAN);
+        let mut found = true;
+        for (term, list) in lists(view, spec, index, tier, &used, duration_ms) {
+            match best_of(view, req, now, list, term, duration_ms, &mut examined) {
+                Some(b) => best.set(term, b),
+                None => found = false,
+            }
+        }
+        if !found {
+            continue;
+        }
+        if lexicographic_term.is_none() && used.len() > 1 {
+            threshold_search(
+                view,
+                req,
+                now,
+                index,
+                tier,
+                &used,
+                &ws,
+                &best,
+                duration_ms,
+                &mut examined,
+            );
+        }
+        examined.sort_unstable();
+        let listed = examined.len();
+        let mut d = place_over(
+            view,
+            req,
+            now,
+            examined.into_iter().filter_map(|id| view.sites.get(id)),
+        );
+        if !matches!(d.outcome, Outcome::Place(_)) {
+            return None;
+        }
+        d.pruned = vec![(
+            "not examined: their bounds show they cannot beat the chosen site".to_owned(),
+            view.sites.len().saturating_sub(listed),
+        )];
+        d.pruned.retain(|(_, n)| *n > 0);
+        return Some(d);
+    }
+    None
+}
+
+/// Fagin's threshold algorithm over the tier's lists for a weighted score; adds every site it scores to
+/// `examined`.
+#[allow(clippy::too_many_arguments)]
+fn threshold_search<'a>(
+    view: View<'a>,
+    req: Request<'a>,
+    now: Millis,
+    index: &'a SiteIndex,
+    tier: Tier,
+    used: &[Term],
+    ws: &PerTerm,
+    best: &PerTerm,
+    duration_ms: u64,
+    examined: &mut Vec<&'a SiteId>,
+) {
+    // Bounds may be below 0 (a lower bound of a non-negative term); they count as 0.
+    let score = |values: &PerTerm| -> f64 {
+        let mut clamped = *values;
+        for t in used {
+            clamped.set(*t, values.get(*t).max(0.0));
+        }
+        score(&clamped, best, ws, used)
+    };
+    let mut lists = lists(view, req.spec, index, tier, used, duration_ms);
+    let mut frontier = PerTerm::splat(0.0);
+    let mut best_score = f64::INFINITY;
+    let mut seen: std::collections::BTreeSet<(&SiteId, &str)> = std::collections::BTreeSet::new();
+    loop {
+        let mut advanced = false;
+        for (term, list) in lists.iter_mut() {
+            let Some((lower, id, pool_name)) = list.next() else {
+                continue;
+            };
+            advanced = true;
+            frontier.set(*term, lower);
+            if !seen.insert((id, pool_name)) {
+                continue;
+            }
+            if let Some(t) = examine(view, req, now, id, pool_name, duration_ms, examined) {
+                best_score = best_score.min(score(&t.values()));
+            }
+        }
+        if !advanced || best_score < score(&frontier) {
+            return;
+        }
+    }
+}

@@ -1,0 +1,234 @@
+//! The score terms of a candidate and their normalisation.
+
+use super::View;
+use crate::latency::{self, RttTable};
+use crate::metering::{self, Rates};
+use crate::model::{Pool, Site};
+use crate::Millis;
+use meridian_federation::{JobSpec, Policy, SiteId, Weights};
+use std::collections::{BTreeMap, HashMap};
+
+/// One term of a placement score.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Term {
+    /// Money: price × device-hours + egress (micro-USD).
+    Cost,
+    /// Energy at the wall, PUE included (Wh).
+    Energy,
+    /// Carbon: energy × grid intensity (gCO2e).
+    Carbon,
+    /// Weighted mean round trip from the job's users (ms).
+    Latency,
+    /// Bytes of `prefer` datasets that would move to the site.
+    Data,
+}
+
+impl Term {
+    pub const ALL: [Term; 5] = [
+        Term::Cost,
+        Term::Energy,
+        Term::Carbon,
+        Term::Latency,
+        Term::Data,
+    ];
+
+    /// The floor of the normalisation, in the term's unit: it keeps the ratio to the best finite when the best
+    /// is 0 (1 cent, 1 Wh, 1 g, 10 ms — round trips within a metro area are alike — 1 GB).
+    pub fn floor(self) -> f64 {
+        match self {
+            Term::Cost => 10_000.0,
+            Term::Energy => 1.0,
+            Term::Carbon => 1.0,
+            Term::Latency => 10.0,
+            Term::Data => 1e9,
+        }
+    }
+
+    /// The weight of this term in `w`.
+    pub fn weight(self, w: &Weights) -> f64 {
+        match self {
+            Term::Cost => w.cost,
+            Term::Energy => w.energy,
+            Term::Carbon => w.carbon,
+            Term::Latency => w.latency,
+            Term::Data => w.data,
+        }
+    }
+}
+
+/// A value per term.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PerTerm(pub [f64; 5]);
+
+impl PerTerm {
+    pub fn splat(x: f64) -> Self {
+        PerTerm([x; 5])
+    }
+
+    pub fn get(&self, t: Term) -> f64 {
+        self.0[t as usize]
+    }
+
+    pub fn set(&mut self, t: Term, x: f64) {
+        self.0[t as usize] = x;
+    }
+
+    pub fn weights(w: &Weights) -> Self {
+        let mut out = PerTerm::splat(0.0);
+        for t in Term::ALL {
+            out.set(t, t.weight(w));
+        }
+        out
+    }
+}
+
+/// The score terms of one candidate.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Terms {
+    pub cost_micro_usd: u64,
+    pub energy_wh: u64,
+    pub co2_g: u64,
+    pub latency_ms: f64,
+    pub data_bytes_moved: u64,
+    /// Weighted normalised score (lower is better); NaN until normalised (stored as null).
+    #[serde(with = "crate::nan_as_null")]
+    pub score: f64,
+}
+
+impl Terms {
+    pub fn get(&self, t: Term) -> f64 {
+        match t {
+            Term::Cost => self.cost_micro_usd as f64,
+            Term::Energy => self.energy_wh as f64,
+            Term::Carbon => self.co2_g as f64,
+            Term::Latency => self.latency_ms,
+            Term::Data => self.data_bytes_moved as f64,
+        }
+    }
+
+    pub fn values(&self) -> PerTerm {
+        let mut out = PerTerm::splat(0.0);
+        for t in Term::ALL {
+            out.set(t, self.get(t));
+        }
+        out
+    }
+
+    /// Terms of nothing (a placeholder that no candidate carries).
+    pub(super) fn empty() -> Terms {
+        Terms {
+            cost_micro_usd: 0,
+            energy_wh: 0,
+            co2_g: 0,
+            latency_ms: 0.0,
+            data_bytes_moved: 0,
+            score: f64::NAN,
+        }
+    }
+}
+
+/// The normalised term: `(value + floor) / (best + floor) − 1`, 0 for the best candidate and 1 for one twice as
+/// bad.
+pub fn normalised(t: Term, value: f64, best: f64) -> f64 {
+    (value + t.floor()) / (best + t.floor()) - 1.0
+}
+
+/// `Σ weight × normalised term` over `terms`.
+pub fn score(values: &PerTerm, best: &PerTerm, weights: &PerTerm, terms: &[Term]) -> f64 {
+    terms
+        .iter()
+        .map(|&t| weights.get(t) * normalised(t, values.get(t), best.get(t)))
+        .sum()
+}
+
+/// Term order of the single-criterion policies: the first term decides, the next ones only break ties.
+/// `balanced` and explicit weights choose by score.
+pub fn lexicographic(policy: &Policy) -> Option<[Term; 3]> {
+    match policy {
+        Policy::Cost => Some([Term::Cost, Term::Carbon, Term::Latency]),
+        Policy::Green => Some([Term::Carbon, Term::Energy, Term::Cost]),
+        Policy::Latency => Some([Term::Latency, Term::Cost, Term::Carbon]),
+        Policy::Balanced | Policy::Weights(_) => None,
+    }
+}
+
+/// For each `prefer` dataset of the job, the lowest egress price (micro-USD per GB) among up sites holding it.
+pub(super) fn cheapest_egress(
+    sites: &BTreeMap<SiteId, Site>,
+    spec: &JobSpec,
+) -> HashMap<String, u64> {
+    let mut out = HashMap::new();
+    if spec.datasets.is_empty() {
+        return out;
+    }
+    for need in &spec.datasets {
+        let price = sites
+            .values()
+            .filter(|s| s.up && s.holds_dataset(&need.name))
+            .map(|s| s.info.egress_micro_usd_per_gb)
+            .min();
+        if let Some(p) = price {
+            out.insert(need.name.clone(), p);
+        }
+    }
+    out
+}
+
+pub(super) fn terms(
+    view: View<'_>,
+    site: &Site,
+    pool: &Pool,
+    spec: &JobSpec,
+    egress: &HashMap<String, u64>,
+    now: Millis,
+    duration_ms: u64,
+) -> Terms {
+    // The expected duration is for the reference model; this pool's model runs it faster or slower.
+    let duration_ms = view.throughput.runtime_ms(duration_ms, &pool.model);
+    let intensity = site.mean_intensity(now, duration_ms).round() as u32;
+    let rates: Rates = site.rates(pool, intensity);
+    let run = metering::amounts(&rates, spec.total_milli(), duration_ms);
+    let mut data_bytes = 0u64;
+    let mut egress_cost = 0u64;
+    for need in spec
+        .datasets
+        .iter()
+        .filter(|d| !site.holds_dataset(&d.name))
+    {
+        data_bytes = data_bytes.saturating_add(need.size_bytes);
+        let per_gb = egress.get(&need.name).copied().unwrap_or(0);
+        egress_cost = egress_cost.saturating_add(
+            (u128::from(need.size_bytes) * u128::from(per_gb) / 1_000_000_000) as u64,
+        );
+    }
+    Terms {
+        cost_micro_usd: run.cost_micro_usd.saturating_add(egress_cost),
+        energy_wh: run.energy_wh,
+        co2_g: run.co2_g,
+        latency_ms: user_latency(view.rtt, site, spec),
+        data_bytes_moved: data_bytes,
+        score: f64::NAN,
+    }
+}
+
+/// Weighted mean round trip from the job's users to the site; 0 when the job names no users.
+pub fn user_latency(rtt: &RttTable, site: &Site, spec: &JobSpec) -> f64 {
+    let total: f64 = spec.users.iter().map(|u| u.weight).sum();
+    if total <= 0.0 {
+        return 0.0;
+    }
+    spec.users
+        .iter()
+        .map(|u| {
+            u.weight
+                * latency::rtt_ms(
+                    rtt,
+                    u.location,
+                    u.rtt_region.as_deref(),
+                    site.info.location,
+                    site.info.rtt_region.as_deref(),
+                )
+        })
+        .sum::<f64>()
+        / total
+}

@@ -1,0 +1,102 @@
+//! What goes into a reactor step and what comes out of it.
+
+use crate::journal::JournalError;
+use meridian_federation::{
+    CancelAttempt, ErrorCode, Heartbeat, JobId, JobSpec, JobStatus, Offer, OfferOutcome,
+    SiteAdvert, SiteId, SubmitReply, TenantId,
+};
+
+/// Everything that can change broker state.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Event {
+    Advert(SiteAdvert),
+    Heartbeat(Heartbeat),
+    Submit(JobSpec),
+    Cancel(JobId),
+    OfferAnswer {
+        site: SiteId,
+        job: JobId,
+        attempt: u32,
+        outcome: OfferOutcome,
+    },
+    Status(JobStatus),
+    Drain {
+        site: SiteId,
+        drain: bool,
+    },
+    /// Stop `remove` replicas of a tenant's service (see [`Reactor::scale_in_order`]).
+    ScaleIn {
+        tenant: TenantId,
+        service: String,
+        remove: u32,
+    },
+    /// Replace the queues, quotas, priority classes and budgets (the tenancy file's text). Journaled, so an
+    /// administrator's change survives restarts.
+    SetTenancy {
+        toml: String,
+        /// Set from the broker's tenancy file at start (not through the API).
+        #[serde(default)]
+        from_file: bool,
+    },
+    /// The broker could not act for a while (it took over from another, its journal stalled, or its own NATS
+    /// connection was down): offers still unanswered get their full timeout again from now, since their answers
+    /// may have been waiting unheard; and site liveness starts afresh.
+    Resume,
+    /// Time passed: loss of sites, offer timeouts, burst timers.
+    Tick,
+}
+
+/// A message for the shell to send.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Command {
+    Offer(Offer),
+    Cancel { site: SiteId, cancel: CancelAttempt },
+}
+
+/// What a step answers.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Response {
+    Submitted(SubmitReply),
+    Job(JobId),
+    Site(SiteId),
+    Stopping(Vec<JobId>),
+    Done,
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum StepError {
+    #[error("{what} not found")]
+    NotFound { what: String },
+    #[error("invalid `{field}`: {problem}")]
+    Invalid { field: String, problem: String },
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    OverBudget(String),
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+}
+
+impl StepError {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            StepError::NotFound { .. } => ErrorCode::NotFound,
+            StepError::Invalid { .. } => ErrorCode::Invalid,
+            StepError::Conflict(_) => ErrorCode::Conflict,
+            StepError::OverBudget(_) => ErrorCode::OverBudget,
+            StepError::Journal(_) => ErrorCode::Unavailable,
+        }
+    }
+
+    pub fn field(&self) -> Option<String> {
+        match self {
+            StepError::Invalid { field, .. } => Some(field.clone()),
+            _ => None,
+        }
+    }
+
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, StepError::Journal(e) if e.is_retryable())
+    }
+}

@@ -1,0 +1,174 @@
+//! Liveness: adverts and heartbeats, sites lost, offers that time out, and the clock's tick.
+
+use super::Reactor;
+use crate::journal::Journal;
+use crate::model::Site;
+use crate::Millis;
+use meridian_federation::{AttemptRef, Heartbeat, JobId, JobPhase, SiteAdvert, SiteId};
+
+impl<J: Journal> Reactor<J> {
+    /// After a replay, liveness starts afresh: every known site counts as seen now, and is declared lost only if
+    /// its heartbeats stay away for the loss timeout from here.
+    pub fn resume(&mut self, now: Millis) {
+        for s in self.state.sites.values_mut() {
+            s.last_seen_ms = now;
+        }
+    }
+
+    pub(super) fn tick_due(&self, now: Millis) -> bool {
+        let lost =
+            self.state.sites.values().any(|s| {
+                s.up && now.saturating_sub(s.last_seen_ms) > self.config.site_lost_after_ms
+            });
+        let jobs = |set: &'_ std::collections::BTreeSet<JobId>| {
+            set.iter()
+                .filter_map(|id| self.state.jobs.get(id))
+                .collect::<Vec<_>>()
+        };
+        let timed_out = jobs(&self.state.offered).into_iter().any(|j| {
+            j.phase == JobPhase::Offered
+                && j.offered_ms
+                    .is_some_and(|t| now.saturating_sub(t) > self.config.offer_timeout_ms)
+        });
+        let retry = jobs(&self.state.pending).into_iter().any(|j| {
+            j.phase == JobPhase::Pending
+                && (self.state.dirty
+                    || j.retry_at_ms.is_some_and(|t| t <= now)
+                    || j.refused_until.iter().any(|(_, u)| *u <= now))
+        });
+        lost || timed_out || retry
+    }
+
+    pub(super) fn on_advert(&mut self, now: Millis, a: SiteAdvert) {
+        let id = a.site.id.clone();
+        let api_draining = self.state.sites.get(&id).is_some_and(|s| s.api_draining);
+        let unchanged = self
+            .state
+            .sites
+            .get(&id)
+            .is_some_and(|s| s.up && s.generation == a.generation && s.info == a.site);
+        if unchanged {
+            if let Some(s) = self.state.sites.get_mut(&id) {
+                s.last_seen_ms = now;
+            }
+            return;
+        }
+        // Same pools as before (the usual periodic or carbon update): refresh in place, keeping reservations.
+        if let Some(s) = self.state.sites.get_mut(&id) {
+            if s.same_shape(&a) {
+                s.refresh(&a, now);
+                self.state.dirty = true;
+                self.reindex(&id);
+                self.try_pending(now);
+                return;
+            }
+        }
+        let mut site = Site::from_advert(&a, now);
+        site.api_draining = api_draining;
+        // Reservations are the broker's own: rebuild them from the jobs that hold devices here.
+        for job in self.state.active_jobs().filter(|j| j.holds_devices()) {
+            if let Some(asg) = job.assignment.as_ref().filter(|asg| asg.site == id) {
+                site.apply_reservation(&asg.pool, &asg.devices, true);
+            }
+        }
+        self.state.sites.insert(id.clone(), site);
+        self.reindex(&id);
+        self.state.dirty = true;
+        self.try_pending(now);
+    }
+
+    pub(super) fn on_heartbeat(&mut self, now: Millis, h: Heartbeat) {
+        let Some(site) = self.state.sites.get_mut(&h.site) else {
+            return;
+        };
+        if !site.up {
+            // A lost site must re-advertise before it gets work again; its heartbeat alone is not enough.
+            return;
+        }
+        site.last_seen_ms = now;
+        // Attempts the site runs that the broker no longer assigns there are stopped.
+        for AttemptRef { job, attempt } in h.running {
+            if !self.is_current(&job, attempt, &h.site) {
+                self.cancel_attempt(
+                    h.site.clone(),
+                    job,
+                    attempt,
+                    "attempt is no longer assigned to this site",
+                );
+            }
+        }
+    }
+
+    pub(super) fn on_tick(&mut self, now: Millis) {
+        let jobs = &self.state.jobs;
+        if self.state.active.len() > self.state.active_prune_at {
+            self.state
+                .active
+                .retain(|id| jobs.get(id).is_some_and(|j| !j.phase.is_terminal()));
+            self.state.active_prune_at = (2 * self.state.active.len()).max(1024);
+        }
+        self.state
+            .offered
+            .retain(|id| jobs.get(id).is_some_and(|j| j.phase == JobPhase::Offered));
+        let lost: Vec<SiteId> = self
+            .state
+            .sites
+            .values()
+            .filter(|s| s.up && now.saturating_sub(s.last_seen_ms) > self.config.site_lost_after_ms)
+            .map(|s| s.id().clone())
+            .collect();
+        for site in lost {
+            self.on_site_lost(now, &site);
+        }
+        let timed_out: Vec<(JobId, SiteId)> = self
+            .state
+            .offered
+            .iter()
+            .filter_map(|id| self.state.jobs.get(id))
+            .filter(|j| {
+                j.phase == JobPhase::Offered
+                    && j.offered_ms
+                        .is_some_and(|t| now.saturating_sub(t) > self.config.offer_timeout_ms)
+            })
+            .filter_map(|j| {
+                j.assignment
+                    .as_ref()
+                    .map(|a| (j.id.clone(), a.site.clone()))
+            })
+            .collect();
+        for (job, site) in timed_out {
+            let attempt = self.state.jobs.get(&job).map(|j| j.attempt).unwrap_or(0);
+            self.cancel_attempt(site.clone(), job.clone(), attempt, "offer timed out");
+            self.refuse(now, &job, &site, &format!("offer to {site} timed out"));
+        }
+        self.try_pending(now);
+    }
+
+    pub(super) fn on_site_lost(&mut self, now: Millis, site: &SiteId) {
+        if let Some(s) = self.state.sites.get_mut(site) {
+            s.up = false;
+        }
+        self.reindex(site);
+        let held: Vec<JobId> = self
+            .state
+            .active_jobs()
+            .filter(|j| j.holds_devices() && j.assignment.as_ref().is_some_and(|a| &a.site == site))
+            .map(|j| j.id.clone())
+            .collect();
+        for id in held {
+            let cancel = self.state.jobs.get(&id).is_some_and(|j| j.cancel_requested);
+            if cancel {
+                self.release(&id);
+                if let Some(job) = self.state.jobs.get_mut(&id) {
+                    job.phase = JobPhase::Cancelled;
+                    job.finished_ms = Some(now);
+                    job.why = format!("cancelled; site {site} was lost");
+                    job.note(now, job.why.clone());
+                }
+            } else {
+                self.requeue(now, &id, &format!("site {site} lost (no heartbeats)"));
+            }
+        }
+        self.state.dirty = true;
+    }
+}

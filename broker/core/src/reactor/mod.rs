@@ -1,0 +1,389 @@
+//! The broker's reactor: every change of broker state is one `step(now, event)`. A step checks the event,
+//! records it in the journal, applies it, and pushes the messages to send into the outbox. The async shell
+//! around it only moves bytes; it decides nothing.
+
+mod events;
+mod invariants;
+mod lifecycle;
+mod liveness;
+mod scheduling;
+mod state;
+mod tenancy;
+
+pub use events::{Command, Event, Response, StepError};
+pub use state::State;
+
+use crate::journal::{Journal, Record};
+use crate::latency::RttTable;
+use crate::placement;
+use crate::quota::Tenancy;
+use crate::regions::Regions;
+use crate::snapshot::Snapshot;
+use crate::throughput::Throughput;
+use crate::Millis;
+use meridian_federation::{JobId, JobPhase, SiteId};
+
+pub use scheduling::FAIR_SHARE_WINDOW_MS;
+
+/// Timings of the core, in milliseconds.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CoreConfig {
+    /// A site whose last heartbeat is older than this is declared lost.
+    pub site_lost_after_ms: u64,
+    /// An offer not answered within this is treated as refused.
+    pub offer_timeout_ms: u64,
+    /// How long a site that refused an offer is skipped for that job.
+    pub refusal_cooldown_ms: u64,
+}
+
+impl Default for CoreConfig {
+    fn default() -> Self {
+        CoreConfig {
+            site_lost_after_ms: 10_000,
+            offer_timeout_ms: 5_000,
+            refusal_cooldown_ms: 10_000,
+        }
+    }
+}
+
+/// The broker's state machine. Fields are private: state changes only through [`Reactor::step`] (and the replay
+/// of journaled steps); the environment (round-trip table, regions, throughput table, a simulator's baseline) is
+/// fixed when the reactor is built.
+pub struct Reactor<J: Journal> {
+    state: State,
+    config: CoreConfig,
+    rtt: RttTable,
+    regions: Regions,
+    throughput: Throughput,
+    /// Rank every job by this baseline instead of its policy (the simulator's comparison runs).
+    baseline: Option<placement::Baseline>,
+    /// Queues, quotas and priority classes, as set by `SetTenancy`; without them nothing is limited by quota.
+    tenancy: Option<Tenancy>,
+    journal: J,
+    outbox: Vec<Command>,
+}
+
+impl<J: Journal> Reactor<J> {
+    pub fn new(config: CoreConfig, rtt: RttTable, regions: Regions, journal: J) -> Self {
+        Reactor {
+            state: State::default(),
+            config,
+            rtt,
+            regions,
+            throughput: Throughput::default(),
+            baseline: None,
+            tenancy: None,
+            journal,
+            outbox: Vec::new(),
+        }
+    }
+
+    /// The relative-throughput table of accelerator models (set before any step).
+    pub fn with_throughput(mut self, throughput: Throughput) -> Self {
+        self.throughput = throughput;
+        for site in self.state.sites.values() {
+            self.state.index.update(site, &self.throughput);
+        }
+        self
+    }
+
+    /// Ranks every job by `baseline` instead of its policy (the simulator's comparison runs).
+    pub fn with_baseline(mut self, baseline: Option<placement::Baseline>) -> Self {
+        self.baseline = baseline;
+        self
+    }
+
+    pub fn state(&self) -> &State {
+        &self.state
+    }
+
+    pub fn config(&self) -> &CoreConfig {
+        &self.config
+    }
+
+    pub fn rtt(&self) -> &RttTable {
+        &self.rtt
+    }
+
+    pub fn regions(&self) -> &Regions {
+        &self.regions
+    }
+
+    pub fn throughput(&self) -> &Throughput {
+        &self.throughput
+    }
+
+    /// The tenancy in force (queues, quotas, priority classes, budgets), if any.
+    pub fn tenancy(&self) -> Option<&Tenancy> {
+        self.tenancy.as_ref()
+    }
+
+    pub fn journal(&self) -> &J {
+        &self.journal
+    }
+
+    pub fn journal_mut(&mut self) -> &mut J {
+        &mut self.journal
+    }
+
+    /// Takes the messages produced by the steps so far.
+    pub fn take_outbox(&mut self) -> Vec<Command> {
+        std::mem::take(&mut self.outbox)
+    }
+
+    /// Applies one event at time `now`.
+    pub fn step(&mut self, now: Millis, event: Event) -> Result<Response, StepError> {
+        self.check(now, &event)?;
+        if self.is_durable(now, &event) {
+            self.journal.append(&Record {
+                at_ms: now,
+                event: event.clone(),
+            })?;
+        }
+        Ok(self.apply(now, event))
+    }
+
+    /// Rebuilds state from journal records (the messages they would send are dropped).
+    pub fn replay<'r>(&mut self, records: impl IntoIterator<Item = &'r Record>) {
+        for r in records {
+            self.apply(r.at_ms, r.event.clone());
+        }
+        self.outbox.clear();
+    }
+
+    /// Refuses events that would not change state, before anything is journaled.
+    fn check(&self, now: Millis, event: &Event) -> Result<(), StepError> {
+        match event {
+            Event::Submit(spec) => {
+                if let Some(t) = &self.tenancy {
+                    t.queue_of(&spec.tenant, spec.queue.as_deref())
+                        .map_err(|problem| StepError::Invalid {
+                            field: "queue".into(),
+                            problem,
+                        })?;
+                    t.priority_of(spec.priority.as_deref()).map_err(|problem| {
+                        StepError::Invalid {
+                            field: "priority".into(),
+                            problem,
+                        }
+                    })?;
+                    let known = self
+                        .state
+                        .by_key
+                        .contains_key(&(spec.tenant.clone(), spec.idempotency_key.clone()));
+                    if let Some(b) = t.budgets.get(&spec.tenant) {
+                        if b.when_exceeded == super::budget::WhenExceeded::Refuse && !known {
+                            if let Some(why) = self.over_budget(b, spec, None, now) {
+                                return Err(StepError::OverBudget(why));
+                            }
+                        }
+                    }
+                }
+                if let Some(region) = &spec.constraints.residency {
+                    if !self.regions.knows(region) {
+                        let known: Vec<&str> = self.regions.names().collect();
+                        return Err(StepError::Invalid {
+                            field: "constraints.residency".into(),
+                            problem: format!(
+                                "unknown region {region:?}; known regions: {}",
+                                known.join(", ")
+                            ),
+                        });
+                    }
+                }
+                let key = (spec.tenant.clone(), spec.idempotency_key.clone());
+                if let Some(id) = self.state.by_key.get(&key) {
+                    let same = self.state.jobs.get(id).is_some_and(|j| &j.spec == spec);
+                    if !same {
+                        return Err(StepError::Conflict(format!(
+                            "idempotency key {:?} of tenant {} was used for job {id} with a different spec",
+                            spec.idempotency_key, spec.tenant
+                        )));
+                    }
+                }
+                Ok(())
+            }
+            Event::Cancel(job) => {
+                self.state
+                    .jobs
+                    .contains_key(job)
+                    .then_some(())
+                    .ok_or_else(|| StepError::NotFound {
+                        what: format!("job {job}"),
+                    })
+            }
+            Event::Drain { site, .. } => self
+                .state
+                .sites
+                .contains_key(site)
+                .then_some(())
+                .ok_or_else(|| StepError::NotFound {
+                    what: format!("site {site}"),
+                }),
+            Event::SetTenancy { toml, .. } => crate::quota::Tenancy::from_toml(toml)
+                .map(|_| ())
+                .map_err(|problem| StepError::Invalid {
+                    field: "tenancy".into(),
+                    problem,
+                }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether the event changes durable state. Heartbeats, adverts that repeat a known generation and ticks
+    /// with nothing due only refresh liveness, which is rebuilt from the next heartbeats after a restart.
+    fn is_durable(&self, now: Millis, event: &Event) -> bool {
+        match event {
+            Event::Heartbeat(_) => false,
+            Event::Advert(a) => !self
+                .state
+                .sites
+                .get(&a.site.id)
+                .is_some_and(|s| s.up && s.generation == a.generation && s.info == a.site),
+            Event::Tick => self.tick_due(now),
+            Event::Submit(spec) => !self
+                .state
+                .by_key
+                .contains_key(&(spec.tenant.clone(), spec.idempotency_key.clone())),
+            _ => true,
+        }
+    }
+
+    fn apply(&mut self, now: Millis, event: Event) -> Response {
+        match event {
+            Event::Advert(a) => {
+                self.on_advert(now, a);
+                Response::Done
+            }
+            Event::Heartbeat(h) => {
+                self.on_heartbeat(now, h);
+                Response::Done
+            }
+            Event::Submit(spec) => self.on_submit(now, spec),
+            Event::Cancel(job) => {
+                self.on_cancel(now, &job);
+                Response::Job(job)
+            }
+            Event::OfferAnswer {
+                site,
+                job,
+                attempt,
+                outcome,
+            } => {
+                self.on_offer_answer(now, site, job, attempt, outcome);
+                Response::Done
+            }
+            Event::Status(s) => {
+                self.on_status(now, s);
+                Response::Done
+            }
+            Event::Drain { site, drain } => {
+                if let Some(s) = self.state.sites.get_mut(&site) {
+                    s.api_draining = drain;
+                    self.state.dirty = true;
+                }
+                self.reindex(&site);
+                Response::Site(site)
+            }
+            Event::Tick => {
+                self.on_tick(now);
+                Response::Done
+            }
+            Event::Resume => {
+                self.resume(now);
+                for id in &self.state.offered {
+                    if let Some(job) = self.state.jobs.get_mut(id) {
+                        if job.phase == JobPhase::Offered {
+                            job.offered_ms = Some(now);
+                        }
+                    }
+                }
+                Response::Done
+            }
+            Event::SetTenancy { toml, from_file } => {
+                if from_file {
+                    self.state.tenancy_file_toml = Some(toml.clone());
+                }
+                // Checked before it was journaled; a record that no longer reads is kept out, said so.
+                match crate::quota::Tenancy::from_toml(&toml) {
+                    Ok(t) => {
+                        self.tenancy = Some(t);
+                        self.state.tenancy_toml = Some(toml);
+                        self.state.dirty = true;
+                        self.try_pending(now);
+                    }
+                    Err(e) => self.state.tenancy_toml_error = Some(e),
+                }
+                Response::Done
+            }
+            Event::ScaleIn {
+                tenant,
+                service,
+                remove,
+            } => {
+                let chosen: Vec<JobId> = self
+                    .scale_in_order(&tenant, &service)
+                    .into_iter()
+                    .take(remove as usize)
+                    .collect();
+                for id in &chosen {
+                    if let Some(job) = self.state.jobs.get_mut(id) {
+                        job.note(now, format!("stopped by scale-in of service {service}"));
+                    }
+                    self.on_cancel(now, id);
+                }
+                Response::Stopping(chosen)
+            }
+        }
+    }
+
+    /// Refiles a site in the index after a change to it.
+    fn reindex(&mut self, id: &SiteId) {
+        if let Some(s) = self.state.sites.get(id) {
+            self.state.index.update(s, &self.throughput);
+        }
+    }
+
+    /// Replaces the state with a snapshot's; derived parts are rebuilt.
+    pub fn restore(&mut self, snap: Snapshot) {
+        let mut st = State {
+            next_job: snap.next_job,
+            dirty: true,
+            tenancy_file_toml: snap.tenancy_file_toml,
+            ..State::default()
+        };
+        if let Some(toml) = snap.tenancy_toml {
+            match crate::quota::Tenancy::from_toml(&toml) {
+                Ok(t) => {
+                    self.tenancy = Some(t);
+                    st.tenancy_toml = Some(toml);
+                }
+                Err(e) => st.tenancy_toml_error = Some(e),
+            }
+        }
+        for site in snap.sites {
+            st.index.update(&site, &self.throughput);
+            st.sites.insert(site.id().clone(), site);
+        }
+        for job in snap.jobs {
+            st.by_key.insert(
+                (job.spec.tenant.clone(), job.spec.idempotency_key.clone()),
+                job.id.clone(),
+            );
+            if !job.phase.is_terminal() {
+                st.active.insert(job.id.clone());
+            }
+            match job.phase {
+                JobPhase::Pending => {
+                    st.pending.insert(job.id.clone());
+                }
+                JobPhase::Offered => {
+                    st.offered.insert(job.id.clone());
+                }
+                _ => {}
+            }
+            st.jobs.insert(job.id.clone(), job);
+        }
+        self.state = st;
+    }
+}

@@ -1,0 +1,80 @@
+//! Broker state: what the reactor owns and every step changes.
+
+use crate::model::{Job, Site};
+use meridian_federation::{JobId, SiteId, TenantId};
+use std::collections::{BTreeMap, HashMap};
+
+/// Broker state: sites, jobs and the idempotency index.
+#[derive(Clone, Debug, Default)]
+pub struct State {
+    pub(crate) sites: BTreeMap<SiteId, Site>,
+    pub(crate) jobs: BTreeMap<JobId, Job>,
+    pub(crate) next_job: u64,
+    pub(crate) by_key: HashMap<(TenantId, String), JobId>,
+    /// Capacity changed since pending jobs were last tried.
+    pub(crate) dirty: bool,
+    /// Every job not yet finished (and, until pruned, some that just finished): what timers and retries scan,
+    /// so their cost follows the live jobs, not the whole history.
+    pub(crate) active: std::collections::BTreeSet<JobId>,
+    /// Every pending job (and, until pruned, some that left that phase): what `try_pending` scans, so that
+    /// placing waiting work costs in proportion to the waiting jobs, not to all the running ones.
+    pub(crate) pending: std::collections::BTreeSet<JobId>,
+    /// The tenancy in force, as set through `SetTenancy` (the source of `Reactor::tenancy`).
+    pub(crate) tenancy_toml: Option<String>,
+    /// The tenancy file's text as last applied at a start: an unchanged file does not undo the administrator's
+    /// later changes.
+    pub(crate) tenancy_file_toml: Option<String>,
+    /// Why a journaled tenancy could not be read back (a newer broker's format, say).
+    pub(crate) tenancy_toml_error: Option<String>,
+    /// Every offered job (and, until pruned, some that left that phase): what the offer timer scans.
+    pub(crate) offered: std::collections::BTreeSet<JobId>,
+    /// The active set is pruned of finished jobs when it grows past this (amortised: twice its size after the
+    /// previous pruning).
+    pub(crate) active_prune_at: usize,
+    /// Sites by accelerator class and spare capacity; refiled after every change to a site.
+    pub(crate) index: crate::index::SiteIndex,
+}
+
+impl State {
+    /// Jobs that are not finished.
+    pub fn active_jobs(&self) -> impl Iterator<Item = &Job> {
+        self.active
+            .iter()
+            .filter_map(|id| self.jobs.get(id))
+            .filter(|j| !j.phase.is_terminal())
+    }
+}
+
+/// Read access for the shells (API views, the simulator); only the reactor changes state.
+impl State {
+    pub fn sites(&self) -> &BTreeMap<SiteId, Site> {
+        &self.sites
+    }
+
+    pub fn site(&self, id: &SiteId) -> Option<&Site> {
+        self.sites.get(id)
+    }
+
+    pub fn jobs(&self) -> &BTreeMap<JobId, Job> {
+        &self.jobs
+    }
+
+    pub fn job(&self, id: &JobId) -> Option<&Job> {
+        self.jobs.get(id)
+    }
+
+    /// The tenancy in force as the text it was set from.
+    pub fn tenancy_toml(&self) -> Option<&str> {
+        self.tenancy_toml.as_deref()
+    }
+
+    /// The tenancy file's text as last applied at a start.
+    pub fn tenancy_file_toml(&self) -> Option<&str> {
+        self.tenancy_file_toml.as_deref()
+    }
+
+    /// Why a journaled tenancy could not be read back.
+    pub fn tenancy_toml_error(&self) -> Option<&str> {
+        self.tenancy_toml_error.as_deref()
+    }
+}

@@ -1,0 +1,105 @@
+//! The journal: replay and snapshots rebuild the same state.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use super::*;
+
+/// Six jobs submitted, one run to the end, one refused, then a site loss: a journal with some of everything.
+pub(super) fn journaled_scenario() -> TestEnv {
+    let mut env = TestEnv::new(trio());
+    for i in 0..6 {
+        env.submit(job(&format!("k{i}"), 3));
+    }
+    let offers = env.take_offers();
+    env.answer(&offers[0], OfferOutcome::Accepted);
+    env.answer(
+        &offers[1],
+        OfferOutcome::Rejected {
+            reason: "no".into(),
+        },
+    );
+    env.status(&offers[0], AttemptState::Succeeded { exit_code: 0 }, 1000);
+    env.advance(20_000);
+    env
+}
+
+#[test]
+pub(super) fn replaying_the_journal_rebuilds_the_same_state() {
+    let env = journaled_scenario();
+    let mut fresh = crate::reactor::Reactor::new(
+        env.reactor.config().clone(),
+        RttTable::default(),
+        regions(),
+        crate::journal::MemoryJournal::default(),
+    );
+    fresh.replay(&env.reactor.journal().records);
+    assert_eq!(fresh.state().jobs, env.reactor.state().jobs);
+    assert_eq!(fresh.state().sites, env.reactor.state().sites);
+}
+
+#[test]
+pub(super) fn a_snapshot_plus_the_records_after_it_rebuilds_the_same_state_from_any_point() {
+    let env = journaled_scenario();
+    let records = &env.reactor.journal().records;
+    let fresh = || {
+        crate::reactor::Reactor::new(
+            env.reactor.config().clone(),
+            RttTable::default(),
+            regions(),
+            crate::journal::MemoryJournal::default(),
+        )
+    };
+    let mut whole = fresh();
+    whole.replay(records);
+    let want = whole.state().snapshot(records.len() as u64, 0);
+    for cut in 0..=records.len() {
+        let mut before = fresh();
+        before.replay(&records[..cut]);
+        let json = serde_json::to_vec(&before.state().snapshot(cut as u64, 0)).unwrap();
+        let snap: crate::snapshot::Snapshot = serde_json::from_slice(&json).unwrap();
+        let mut after = fresh();
+        after.restore(snap);
+        after.replay(&records[cut..]);
+        assert_eq!(
+            after.state().snapshot(records.len() as u64, 0),
+            want,
+            "restored at record {cut}"
+        );
+        after.sanity_check().unwrap();
+    }
+}
+
+#[test]
+pub(super) fn after_a_resume_an_unanswered_offer_gets_its_full_timeout_again() {
+    let mut env = TestEnv::new(trio());
+    let id = env.submit(job("k", 1));
+    let offers = env.take_offers();
+    assert_eq!(offers.len(), 1);
+    // The broker was blind for longer than the offer timeout (a takeover, a stalled journal).
+    env.now += env.reactor.config().offer_timeout_ms + 1_000;
+    env.step(Event::Resume);
+    env.advance(10);
+    assert_eq!(
+        env.phase(&id),
+        JobPhase::Offered,
+        "the answer may still be on its way"
+    );
+    // The agent's answer, heard late, is taken.
+    env.answer(&offers[0], OfferOutcome::Accepted);
+    env.status(&offers[0], AttemptState::Running, 0);
+    assert_eq!(env.phase(&id), JobPhase::Running);
+    assert_eq!(env.reactor.state().jobs[&id].attempt, 1);
+    // Without the resume, the same wait times the offer out.
+    let mut other = TestEnv::new(trio());
+    let id = other.submit(job("k", 1));
+    other.take_offers();
+    other.now += other.reactor.config().offer_timeout_ms + 1_000;
+    for s in ["a-cheap", "b-green", "c-frankfurt"] {
+        other.heartbeat(s);
+    }
+    other.advance(10);
+    assert_eq!(
+        other.reactor.state().jobs[&id].attempt,
+        2,
+        "timed out and offered again elsewhere"
+    );
+}

@@ -1,0 +1,284 @@
+//! The job lifecycle through the reactor: offers, refusals, timeouts, lost sites, cancels, scale-in.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use super::*;
+
+#[test]
+pub(super) fn submit_offer_accept_run_succeed() {
+    let mut env = TestEnv::new(trio());
+    let id = env.submit(job("k1", 2));
+    let offers = env.take_offers();
+    assert_eq!(offers.len(), 1);
+    assert_eq!(env.phase(&id), JobPhase::Offered);
+    env.answer(&offers[0], OfferOutcome::Accepted);
+    env.status(&offers[0], AttemptState::Running, 0);
+    assert_eq!(env.phase(&id), JobPhase::Running);
+    env.status(
+        &offers[0],
+        AttemptState::Succeeded { exit_code: 0 },
+        3_600_000,
+    );
+    let job = &env.reactor.state().jobs[&id];
+    assert_eq!(job.phase, JobPhase::Succeeded);
+    assert!(job.metered.cost_micro_usd > 0);
+    // A repeated status changes nothing.
+    env.status(
+        &offers[0],
+        AttemptState::Succeeded { exit_code: 0 },
+        3_600_000,
+    );
+    assert_eq!(
+        env.reactor.state().jobs[&id].metered,
+        job_metered(&env, &id)
+    );
+}
+
+pub(super) fn job_metered(env: &TestEnv, id: &JobId) -> Amounts {
+    env.reactor.state().jobs[id].metered
+}
+
+#[test]
+pub(super) fn a_refusal_moves_the_job_to_the_next_site() {
+    let mut env = TestEnv::new(trio());
+    let id = env.submit(job("k1", 1));
+    let first = env.take_offers().remove(0);
+    env.answer(
+        &first,
+        OfferOutcome::Rejected {
+            reason: "devices busy".into(),
+        },
+    );
+    let second = env.take_offers().remove(0);
+    assert_ne!(second.site, first.site);
+    assert_eq!(second.attempt, first.attempt + 1);
+    assert_eq!(env.phase(&id), JobPhase::Offered);
+}
+
+#[test]
+pub(super) fn an_unanswered_offer_times_out_and_is_withdrawn() {
+    let mut env = TestEnv::new(trio());
+    env.submit(job("k1", 1));
+    let first = env.take_offers().remove(0);
+    for s in ["a-cheap", "b-green", "c-frankfurt"] {
+        env.heartbeat(s);
+    }
+    env.advance(6_000);
+    let second = env.take_offers().remove(0);
+    assert_ne!(second.site, first.site);
+    assert!(env
+        .sent
+        .iter()
+        .any(|c| matches!(c, Command::Cancel { site, .. } if *site == first.site)));
+    // The late acceptance of the first offer is answered with a cancel.
+    env.sent.clear();
+    env.answer(&first, OfferOutcome::Accepted);
+    assert!(matches!(&env.sent[..], [Command::Cancel { site, .. }] if *site == first.site));
+}
+
+#[test]
+pub(super) fn a_lost_site_requeues_its_jobs_elsewhere() {
+    let mut env = TestEnv::new(trio());
+    let id = env.submit(job("k1", 1));
+    let first = env.take_offers().remove(0);
+    env.answer(&first, OfferOutcome::Accepted);
+    // Every site but the job's keeps beating.
+    for _ in 0..12 {
+        for s in ["a-cheap", "b-green", "c-frankfurt"] {
+            if s != first.site.as_str() {
+                env.heartbeat(s);
+            }
+        }
+        env.advance(1_000);
+    }
+    assert!(!env.reactor.state().sites[&first.site].up);
+    let second = env.take_offers().remove(0);
+    assert_ne!(second.site, first.site);
+    assert_eq!(env.phase(&id), JobPhase::Offered);
+    // When the lost site returns and still reports the old attempt, it is told to stop it.
+    env.sent.clear();
+    env.status(&first, AttemptState::Running, 1);
+    assert!(
+        matches!(&env.sent[..], [Command::Cancel { cancel, .. }] if cancel.attempt == first.attempt)
+    );
+}
+
+#[test]
+pub(super) fn an_interrupted_attempt_is_requeued_to_another_site() {
+    let mut env = TestEnv::new(trio());
+    let id = env.submit(job("k1", 1));
+    let first = env.take_offers().remove(0);
+    env.answer(&first, OfferOutcome::Accepted);
+    env.status(
+        &first,
+        AttemptState::Interrupted {
+            reason: "agent restarted".into(),
+        },
+        500,
+    );
+    let second = env.take_offers().remove(0);
+    assert_ne!(second.site, first.site);
+    assert_eq!(second.attempt, first.attempt + 1);
+    assert_eq!(env.reactor.state().jobs[&id].runtime_ms, 500);
+}
+
+#[test]
+pub(super) fn cancel_pending_and_running_jobs() {
+    let mut env = TestEnv::new(vec![site("s", Tier::Owned, 0.0, 0.0)
+        .gpus("A100", 1, 1.0)
+        .build()]);
+    let a = env.submit(job("a", 1));
+    let b = env.submit(job("b", 1));
+    assert_eq!(env.phase(&b), JobPhase::Pending);
+    env.step(Event::Cancel(b.clone()));
+    assert_eq!(env.phase(&b), JobPhase::Cancelled);
+    let offer = env.take_offers().remove(0);
+    env.answer(&offer, OfferOutcome::Accepted);
+    env.step(Event::Cancel(a.clone()));
+    assert_eq!(env.phase(&a), JobPhase::Cancelling);
+    env.status(
+        &offer,
+        AttemptState::Cancelled {
+            reason: "user".into(),
+        },
+        10,
+    );
+    assert_eq!(env.phase(&a), JobPhase::Cancelled);
+}
+
+#[test]
+pub(super) fn scale_in_gives_back_cloud_replicas_first() {
+    let mut env = TestEnv::new(vec![
+        site("owned", Tier::Owned, 0.0, 0.0)
+            .gpus("A100", 2, 1.0)
+            .build(),
+        site("cloud-cheap", Tier::Cloud, 0.0, 0.0)
+            .gpus("A100", 2, 3.0)
+            .build(),
+        site("cloud-dear", Tier::Cloud, 0.0, 0.0)
+            .gpus("A100", 2, 5.0)
+            .build(),
+    ]);
+    let mut ids = Vec::new();
+    for i in 0..7 {
+        let mut spec = job(&format!("r{i}"), 1);
+        spec.kind = JobKind::Inference;
+        spec.service = Some("chat".into());
+        spec.policy = Some(Policy::Cost);
+        ids.push(env.submit(spec));
+    }
+    for offer in env.take_offers() {
+        env.answer(&offer, OfferOutcome::Accepted);
+    }
+    // Two on the owned site, two on each cloud site, one pending.
+    let site_of = |env: &TestEnv, id: &JobId| {
+        env.reactor.state().jobs[id]
+            .assignment
+            .as_ref()
+            .map(|a| a.site.to_string())
+    };
+    assert_eq!(env.phase(&ids[6]), JobPhase::Pending);
+    let tenant = TenantId::new("team-a").unwrap();
+    let order: Vec<Option<String>> = env
+        .reactor
+        .scale_in_order(&tenant, "chat")
+        .iter()
+        .map(|id| site_of(&env, id))
+        .collect();
+    let expect = [
+        None,
+        Some("cloud-dear"),
+        Some("cloud-dear"),
+        Some("cloud-cheap"),
+        Some("cloud-cheap"),
+        Some("owned"),
+        Some("owned"),
+    ];
+    assert_eq!(order, expect.map(|s| s.map(str::to_owned)));
+    match env.step(Event::ScaleIn {
+        tenant,
+        service: "chat".into(),
+        remove: 3,
+    }) {
+        Response::Stopping(stopped) => {
+            assert_eq!(stopped.len(), 3);
+            assert_eq!(env.phase(&stopped[0]), JobPhase::Cancelled);
+            assert!(stopped[1..]
+                .iter()
+                .all(|id| env.phase(id) == JobPhase::Cancelling));
+        }
+        other => panic!("{other:?}"),
+    }
+    let cancels = env
+        .sent
+        .iter()
+        .filter(|c| matches!(c, Command::Cancel { site, .. } if site.as_str() == "cloud-dear"))
+        .count();
+    assert_eq!(cancels, 2);
+}
+
+#[test]
+pub(super) fn resubmission_with_the_same_key_returns_the_first_job() {
+    let mut env = TestEnv::new(trio());
+    let first = env.submit(job("same", 1));
+    match env.step(Event::Submit(job("same", 1))) {
+        Response::Submitted(r) => {
+            assert_eq!(r.job, first);
+            assert!(!r.created);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(env.reactor.state().jobs.len(), 1);
+    let err = env
+        .reactor
+        .step(env.now, Event::Submit(job("same", 2)))
+        .expect_err("different spec");
+    assert_eq!(err.code(), ErrorCode::Conflict);
+}
+
+#[test]
+pub(super) fn drained_sites_get_no_new_work() {
+    let mut env = TestEnv::new(trio());
+    env.step(Event::Drain {
+        site: SiteId::new("a-cheap").unwrap_or_else(|e| panic!("{e}")),
+        drain: true,
+    });
+    let mut spec = job("k", 1);
+    spec.policy = Some(Policy::Cost);
+    env.submit(spec);
+    assert_ne!(env.take_offers()[0].site.as_str(), "a-cheap");
+}
+
+#[test]
+pub(super) fn waiting_jobs_start_when_capacity_frees() {
+    let mut env = TestEnv::new(vec![site("s", Tier::Owned, 0.0, 0.0)
+        .gpus("A100", 1, 1.0)
+        .build()]);
+    env.submit(job("a", 1));
+    let b = env.submit(job("b", 1));
+    let a_offer = env.take_offers().remove(0);
+    env.answer(&a_offer, OfferOutcome::Accepted);
+    assert!(
+        env.reactor.state().jobs[&b].why.contains("busy"),
+        "{}",
+        env.reactor.state().jobs[&b].why
+    );
+    env.status(&a_offer, AttemptState::Succeeded { exit_code: 0 }, 5);
+    env.heartbeat("s");
+    env.advance(100);
+    assert_eq!(env.take_offers().len(), 1);
+    assert_eq!(env.phase(&b), JobPhase::Offered);
+}
+
+#[test]
+pub(super) fn unknown_residency_is_refused_before_the_journal() {
+    let mut env = TestEnv::new(trio());
+    let before = env.reactor.journal().records.len();
+    let mut spec = job("k", 1);
+    spec.constraints.residency = Some("mars".into());
+    let err = env
+        .reactor
+        .step(env.now, Event::Submit(spec))
+        .expect_err("unknown region");
+    assert_eq!(err.field().as_deref(), Some("constraints.residency"));
+    assert_eq!(env.reactor.journal().records.len(), before);
+}

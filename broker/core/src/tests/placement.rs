@@ -1,0 +1,350 @@
+//! Placement choices: policies, constraints, tiers, devices, explanations.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use super::*;
+
+#[test]
+fn policies_pick_their_own_best() {
+    let mut spec = job("k", 1);
+    spec.policy = Some(Policy::Cost);
+    assert_eq!(chosen_site(&choose(trio(), &spec, 0)), "a-cheap");
+    spec.policy = Some(Policy::Green);
+    assert_eq!(chosen_site(&choose(trio(), &spec, 0)), "b-green");
+    spec.policy = Some(Policy::Latency);
+    spec.users = vec![UserLocation {
+        name: None,
+        location: GeoPoint {
+            lat: 48.8,
+            lon: 2.3,
+        },
+        weight: 1.0,
+        rtt_region: None,
+    }];
+    assert_eq!(chosen_site(&choose(trio(), &spec, 0)), "c-frankfurt");
+}
+
+#[test]
+fn faster_models_cost_less_per_job_under_the_throughput_table() {
+    let adverts = vec![
+        site("a100-site", Tier::Owned, 0.0, 0.0)
+            .gpus("A100", 4, 2.0)
+            .build(),
+        site("h100-site", Tier::Owned, 0.0, 0.0)
+            .gpus("H100", 4, 4.0)
+            .build(),
+    ];
+    let sites = sites(adverts);
+    let mut throughput = crate::throughput::Throughput::default();
+    let mut spec = job("k", 1);
+    spec.policy = Some(Policy::Cost);
+    let decide = |t: &crate::throughput::Throughput| decide_on(&sites, &spec, t, None, 0).outcome;
+    assert_eq!(chosen_site(&decide(&throughput)), "a100-site");
+    throughput.insert("H100", 3.0);
+    assert_eq!(chosen_site(&decide(&throughput)), "h100-site");
+}
+
+#[test]
+fn a_deadline_rules_out_slow_hardware() {
+    let adverts = vec![
+        site("slow-cheap", Tier::Owned, 0.0, 0.0)
+            .gpus("L4", 4, 0.5)
+            .build(),
+        site("fast-dear", Tier::Owned, 0.0, 0.0)
+            .gpus("H100", 4, 4.0)
+            .build(),
+    ];
+    let sites = sites(adverts);
+    let mut t = crate::throughput::Throughput::default();
+    t.insert("L4", 0.4);
+    t.insert("H100", 3.0);
+    let mut spec = job("k", 1);
+    spec.policy = Some(Policy::Cost);
+    spec.duration_s = Some(6 * 3600);
+    let decide = |spec: &JobSpec| decide_on(&sites, spec, &t, None, 0);
+    assert_eq!(chosen_site(&decide(&spec).outcome), "slow-cheap");
+    // 6 reference hours take 15 h on the L4 and 2 h on the H100; a 10-hour deadline leaves only the H100.
+    spec.window.deadline_ms = Some(10 * 3_600_000);
+    let d = decide(&spec);
+    assert_eq!(chosen_site(&d.outcome), "fast-dear");
+    let slow = d
+        .candidates
+        .iter()
+        .find(|c| c.site.as_str() == "slow-cheap")
+        .unwrap();
+    assert!(slow
+        .reject
+        .as_ref()
+        .unwrap()
+        .to_string()
+        .contains("after the deadline"));
+}
+
+#[test]
+fn a_start_window_holds_the_job_until_it_opens() {
+    let mut env = TestEnv::new(trio());
+    let mut spec = job("later", 1);
+    spec.window.start_after_ms = Some(env.now + 30_000);
+    let id = env.submit(spec);
+    assert!(env.take_offers().is_empty());
+    assert!(env.reactor.state().jobs[&id]
+        .why
+        .contains("start window opens"));
+    for _ in 0..4 {
+        for s in ["a-cheap", "b-green", "c-frankfurt"] {
+            env.heartbeat(s);
+        }
+        env.advance(8_000);
+    }
+    assert_eq!(env.take_offers().len(), 1);
+}
+
+#[test]
+fn deferrable_work_waits_for_a_cleaner_hour_only_while_the_deadline_holds() {
+    const H: u64 = 3_600_000;
+    let mut a = site("solar", Tier::Owned, 0.0, 0.0)
+        .gpus("A100", 4, 1.0)
+        .carbon(400)
+        .build();
+    // Dirty now and for two hours, clean from the third hour on.
+    a.site.carbon.forecast_start_ms = 0;
+    a.site.carbon.forecast = vec![400, 400, 400, 100, 100, 100, 100, 100];
+    let sites = sites(vec![a]);
+    let t = Default::default();
+    let mut spec = job("k", 1);
+    spec.policy = Some(Policy::Green);
+    spec.duration_s = Some(3600);
+    spec.window.deadline_ms = Some(8 * H);
+    let decide = |spec: &JobSpec| decide_on(&sites, spec, &t, None, 0).outcome;
+    match decide(&spec) {
+        Outcome::Wait(Wait::Deferred { until_ms, .. }) => assert_eq!(until_ms, 3 * H),
+        other => panic!("expected a deferral, got {other:?}"),
+    }
+    // With the deadline too close for the clean hours, it runs now.
+    spec.window.deadline_ms = Some(3 * H);
+    assert_eq!(chosen_site(&decide(&spec)), "solar");
+    // Without a deadline it is not deferrable.
+    spec.window.deadline_ms = None;
+    assert_eq!(chosen_site(&decide(&spec)), "solar");
+}
+
+#[test]
+fn mig_slices_go_to_pools_that_offer_the_profile() {
+    let mut plain = site("plain", Tier::Owned, 0.0, 0.0)
+        .gpus("A100", 2, 1.0)
+        .build();
+    plain.pools[0].sharing.milli = false;
+    let mut sliced = site("sliced", Tier::Owned, 0.0, 0.0)
+        .gpus("A100", 2, 2.0)
+        .used(0, 700)
+        .build();
+    sliced.pools[0].sharing = Sharing {
+        milli: false,
+        mig_profiles: vec!["1g.10gb".into(), "3g.40gb".into()],
+    };
+    let mut spec = job("k", 0);
+    spec.policy = Some(Policy::Cost);
+    spec.resources.mig = Some("3g.40gb".into());
+    match choose(vec![plain.clone(), sliced.clone()], &spec, 0) {
+        // 3 of 7 slices = 429 milli: device 0 has 300 free, so device 1.
+        Outcome::Place(c) => {
+            assert_eq!(c.site.as_str(), "sliced");
+            assert_eq!(
+                c.devices,
+                vec![DeviceShare {
+                    index: 1,
+                    milli: 429
+                }]
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    spec.resources.mig = Some("2g.20gb".into());
+    assert!(matches!(
+        choose(vec![plain, sliced], &spec, 0),
+        Outcome::Wait(Wait::NoSiteFits { .. })
+    ));
+}
+
+#[test]
+fn a_same_node_gang_stays_in_one_interconnect_domain() {
+    // Two nodes of 4: devices 0-3 and 4-7; node one has two free, node two three free.
+    let mut a = site("s", Tier::Owned, 0.0, 0.0)
+        .gpus("A100", 8, 1.0)
+        .build();
+    a.pools[0].devices_per_node = 4;
+    for d in [0usize, 1, 4] {
+        a.pools[0].devices[d].used_milli = 1000;
+    }
+    let mut spec = job("k", 3);
+    match choose(vec![a.clone()], &spec, 0) {
+        Outcome::Place(c) => assert_eq!(
+            c.devices.iter().map(|d| d.index).collect::<Vec<_>>(),
+            vec![2, 3, 5]
+        ),
+        other => panic!("{other:?}"),
+    }
+    spec.resources.same_node = true;
+    match choose(vec![a.clone()], &spec, 0) {
+        Outcome::Place(c) => assert_eq!(
+            c.devices.iter().map(|d| d.index).collect::<Vec<_>>(),
+            vec![5, 6, 7]
+        ),
+        other => panic!("{other:?}"),
+    }
+    spec.resources.count = 5;
+    assert!(matches!(
+        choose(vec![a], &spec, 0),
+        Outcome::Wait(Wait::NoSiteFits { .. })
+    ));
+}
+
+#[test]
+fn residency_excludes_cheaper_sites_outside_the_region() {
+    let mut spec = job("k", 1);
+    spec.policy = Some(Policy::Cost);
+    spec.constraints.residency = Some("eu".into());
+    assert_eq!(chosen_site(&choose(trio(), &spec, 0)), "c-frankfurt");
+}
+
+#[test]
+fn a_large_dataset_pulls_the_job_to_its_site() {
+    let mut adverts = trio();
+    adverts[1] = site("b-green", Tier::Owned, 45.6, -121.2)
+        .gpus("H100", 8, 3.0)
+        .carbon(50)
+        .dataset("corpus", 50_000_000_000_000)
+        .build();
+    let mut spec = job("k", 1);
+    spec.policy = Some(Policy::Cost);
+    spec.datasets = vec![DatasetNeed {
+        name: "corpus".into(),
+        size_bytes: 50_000_000_000_000,
+        locality: Locality::Prefer,
+    }];
+    assert_eq!(chosen_site(&choose(adverts.clone(), &spec, 0)), "b-green");
+    spec.datasets[0].locality = Locality::Must;
+    spec.policy = Some(Policy::Latency);
+    assert_eq!(chosen_site(&choose(adverts, &spec, 0)), "b-green");
+}
+
+#[test]
+fn cloud_waits_for_max_wait_then_bursts() {
+    let adverts = vec![
+        site("owned", Tier::Owned, 39.0, -77.5)
+            .gpus("A100", 2, 1.0)
+            .used(0, 1000)
+            .used(1, 1000)
+            .build(),
+        site("cloud", Tier::Cloud, 39.0, -77.5)
+            .gpus("A100", 8, 4.0)
+            .build(),
+    ];
+    let mut spec = job("k", 1);
+    spec.max_wait_s = 60;
+    match choose(adverts.clone(), &spec, 10_000) {
+        Outcome::Wait(Wait::Busy {
+            burst_in_ms: Some(ms),
+        }) => assert_eq!(ms, 50_000),
+        other => panic!("expected a burst wait, got {other:?}"),
+    }
+    assert_eq!(chosen_site(&choose(adverts, &spec, 60_000)), "cloud");
+}
+
+#[test]
+fn owned_capacity_is_used_before_cheaper_cloud() {
+    let adverts = vec![
+        site("owned", Tier::Owned, 39.0, -77.5)
+            .gpus("A100", 2, 5.0)
+            .build(),
+        site("cloud", Tier::Cloud, 39.0, -77.5)
+            .gpus("A100", 8, 1.0)
+            .build(),
+    ];
+    let mut spec = job("k", 1);
+    spec.policy = Some(Policy::Cost);
+    assert_eq!(chosen_site(&choose(adverts, &spec, 0)), "owned");
+}
+
+#[test]
+fn hard_limits_name_the_nearest_miss() {
+    let mut spec = job("k", 16);
+    spec.constraints.price_cap_micro_usd_per_hour = Some(500_000);
+    match choose(trio(), &spec, 0) {
+        Outcome::Wait(Wait::NoSiteFits {
+            nearest_miss: Some((_, why)),
+        }) => assert!(why.contains("needs 16"), "{why}"),
+        other => panic!("expected no fit, got {other:?}"),
+    }
+    spec.resources.count = 1;
+    spec.resources.models = vec!["V100".into()];
+    assert!(matches!(
+        choose(trio(), &spec, 0),
+        Outcome::Wait(Wait::NoSiteFits { .. })
+    ));
+}
+
+#[test]
+fn milli_shares_pack_onto_the_fullest_device_that_fits() {
+    let adverts = vec![site("s", Tier::Owned, 0.0, 0.0)
+        .gpus("T4", 3, 1.0)
+        .used(1, 600)
+        .used(2, 300)
+        .build()];
+    let mut spec = job("k", 0);
+    spec.resources.milli = Some(400);
+    match choose(adverts, &spec, 0) {
+        Outcome::Place(c) => assert_eq!(
+            c.devices,
+            vec![DeviceShare {
+                index: 1,
+                milli: 400
+            }]
+        ),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn every_candidate_is_explained() {
+    let mut adverts = trio();
+    adverts.push(
+        site("cloud", Tier::Cloud, 0.0, 0.0)
+            .gpus("A100", 4, 1.0)
+            .build(),
+    );
+    let sites = sites(adverts);
+    let mut spec = job("k", 1);
+    spec.constraints.residency = Some("eu".into());
+    let d = decide_on(&sites, &spec, &Default::default(), None, 0);
+    assert_eq!(d.candidates.len(), 4);
+    let rejected: Vec<String> = d
+        .candidates
+        .iter()
+        .filter_map(|c| c.reject.as_ref().map(|r| format!("{}: {r}", c.site)))
+        .collect();
+    assert_eq!(rejected.len(), 3, "{rejected:?}");
+    assert!(
+        rejected
+            .iter()
+            .all(|r| r.contains("outside residency region eu")),
+        "{rejected:?}"
+    );
+}
+
+#[test]
+fn busy_candidates_say_how_much_is_free() {
+    let adverts = vec![site("s", Tier::Owned, 0.0, 0.0)
+        .gpus("A100", 2, 1.0)
+        .used(0, 1000)
+        .build()];
+    let sites = sites(adverts);
+    let spec = job("k", 2);
+    let d = decide_on(&sites, &spec, &Default::default(), None, 0);
+    assert!(matches!(
+        d.candidates[0].reject,
+        Some(Reject::Busy {
+            free_milli: 1000,
+            needs_milli: 2000
+        })
+    ));
+}

@@ -1,0 +1,682 @@
+//! Quotas, cohorts, priorities, fair share, budgets and the metering report (invariants checked after
+//! every step by the test environment's sanity check).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use super::*;
+
+pub(super) const COHORT: &str = r#"
+default_priority = "experiment"
+priority_classes = [
+  { name = "production", value = 100 },
+  { name = "experiment", value = 10 },
+]
+[[queues]]
+name = "team-a"
+tenant = "team-a"
+cohort = "research"
+quota = { "gpu:*" = 8 }
+[[queues]]
+name = "team-b"
+tenant = "team-b"
+cohort = "research"
+quota = { "gpu:*" = 8 }
+"#;
+
+pub(super) fn tenant_job(tenant: &str, key: &str) -> JobSpec {
+    let mut spec = job(key, 1);
+    spec.tenant = TenantId::new(tenant).unwrap();
+    spec
+}
+
+/// Submits, and accepts every offer made.
+pub(super) fn run_all(env: &mut TestEnv) {
+    for o in env.take_offers() {
+        env.answer(&o, OfferOutcome::Accepted);
+        env.status(&o, AttemptState::Running, 0);
+    }
+}
+
+/// The first job still pending (by id).
+pub(super) fn first_pending(env: &TestEnv) -> &crate::model::Job {
+    env.reactor
+        .state()
+        .jobs
+        .values()
+        .find(|j| j.phase == JobPhase::Pending)
+        .unwrap_or_else(|| panic!("no job is pending"))
+}
+
+pub(super) fn count(env: &TestEnv, tenant: &str, phase: JobPhase) -> usize {
+    env.reactor
+        .state()
+        .jobs
+        .values()
+        .filter(|j| j.spec.tenant.as_str() == tenant && j.phase == phase)
+        .count()
+}
+
+#[test]
+pub(super) fn a_lender_reclaims_its_quota_from_the_borrower_not_from_the_borrowers_own_share() {
+    let mut env = TestEnv::new(trio());
+    env.set_tenancy(COHORT);
+    // Team A borrows B's idle 8 GPUs: 16 run (the federation has 24 GPUs; the cohort's quota is 16).
+    for i in 0..17 {
+        env.submit(tenant_job("team-a", &format!("a{i}")));
+        env.advance(10);
+        run_all(&mut env);
+    }
+    assert_eq!(count(&env, "team-a", JobPhase::Running), 16);
+    let waiting = first_pending(&env);
+    assert!(
+        waiting.why.contains("waiting for quota: queue team-a"),
+        "{}",
+        waiting.why
+    );
+    let borrowed_last: Vec<JobId> = {
+        let mut running: Vec<&crate::model::Job> = env
+            .reactor
+            .state()
+            .jobs
+            .values()
+            .filter(|j| j.phase == JobPhase::Running)
+            .collect();
+        running.sort_by_key(|j| std::cmp::Reverse(j.offered_ms));
+        running.iter().take(4).map(|j| j.id.clone()).collect()
+    };
+
+    // Team B submits 4: within its own quota, so it takes 4 GPUs back from A's borrowed ones.
+    for i in 0..4 {
+        env.submit(tenant_job("team-b", &format!("b{i}")));
+        run_all(&mut env);
+    }
+    assert_eq!(count(&env, "team-b", JobPhase::Running), 4);
+    assert_eq!(
+        count(&env, "team-a", JobPhase::Running),
+        12,
+        "A keeps its own 8 and 4 borrowed"
+    );
+    let preempted: Vec<&crate::model::Job> = env
+        .reactor
+        .state()
+        .jobs
+        .values()
+        .filter(|j| j.why.starts_with("requeued: preempted by"))
+        .collect();
+    assert_eq!(preempted.len(), 4);
+    for j in &preempted {
+        assert_eq!(j.spec.tenant.as_str(), "team-a");
+        assert_eq!(j.phase, JobPhase::Pending);
+        assert!(
+            borrowed_last.contains(&j.id),
+            "{} was not among the last borrowed",
+            j.id
+        );
+        assert!(
+            j.why.contains("reclaiming gpu:* quota queue team-b lent"),
+            "{}",
+            j.why
+        );
+    }
+    // Each preempted attempt is stopped at its site.
+    let cancels = env
+        .sent
+        .iter()
+        .filter(|c| matches!(c, Command::Cancel { cancel, .. } if cancel.reason.starts_with("preempted by")))
+        .count();
+    assert_eq!(cancels, 4);
+    // B fills its quota: A is back to exactly its own 8, never below.
+    for i in 4..12 {
+        env.submit(tenant_job("team-b", &format!("b{i}")));
+        run_all(&mut env);
+    }
+    assert_eq!(count(&env, "team-b", JobPhase::Running), 8);
+    assert_eq!(count(&env, "team-a", JobPhase::Running), 8);
+    let b_waiting = env
+        .reactor
+        .state()
+        .jobs
+        .values()
+        .find(|j| j.spec.tenant.as_str() == "team-b" && j.phase == JobPhase::Pending)
+        .unwrap();
+    assert!(
+        b_waiting
+            .why
+            .contains("waiting for quota: queue team-b uses 8.000 of its 8.000 gpu:*"),
+        "{}",
+        b_waiting.why
+    );
+}
+
+#[test]
+pub(super) fn a_higher_priority_job_preempts_lower_priority_work_of_its_own_queue_at_quota() {
+    let mut env = TestEnv::new(trio());
+    let t = COHORT.replace("cohort = \"research\"\n", "");
+    env.set_tenancy(&t);
+    for i in 0..8 {
+        let mut s = tenant_job("team-a", &format!("exp{i}"));
+        s.checkpointable = i % 2 == 0;
+        env.submit(s);
+        env.advance(10);
+        run_all(&mut env);
+    }
+    assert_eq!(count(&env, "team-a", JobPhase::Running), 8);
+    let mut prod = tenant_job("team-a", "prod");
+    prod.priority = Some("production".into());
+    let id = env.submit(prod);
+    run_all(&mut env);
+    assert_eq!(env.phase(&id), JobPhase::Running);
+    let victim = env
+        .reactor
+        .state()
+        .jobs
+        .values()
+        .find(|j| j.why.contains("preempted by"))
+        .unwrap();
+    // Checkpointable work goes first, the most recent of it.
+    assert_eq!(victim.spec.idempotency_key, "exp6");
+    assert!(
+        victim.why.contains("higher-priority job of queue team-a"),
+        "{}",
+        victim.why
+    );
+    // An equal-priority job only waits.
+    let other = env.submit(tenant_job("team-a", "exp-late"));
+    run_all(&mut env);
+    assert_eq!(env.phase(&other), JobPhase::Pending);
+}
+
+#[test]
+pub(super) fn borrowing_stops_at_the_borrowing_limit_and_unknown_queues_are_refused() {
+    let t = COHORT.replace(
+        "name = \"team-a\"\ntenant = \"team-a\"\ncohort = \"research\"\nquota = { \"gpu:*\" = 8 }",
+        "name = \"team-a\"\ntenant = \"team-a\"\ncohort = \"research\"\nquota = { \"gpu:*\" = 8 }\nborrowing_limit = { \"gpu:*\" = 2 }",
+    );
+    let tenancy = crate::quota::Tenancy::from_toml(&t).unwrap();
+    assert_eq!(tenancy.queues["team-a"].borrowing_limit["gpu:*"], 2000);
+    let mut env = TestEnv::new(trio());
+    env.set_tenancy(&t);
+    for i in 0..11 {
+        env.submit(tenant_job("team-a", &format!("a{i}")));
+        run_all(&mut env);
+    }
+    assert_eq!(count(&env, "team-a", JobPhase::Running), 10);
+    let waiting = first_pending(&env);
+    assert!(
+        waiting.why.contains("over its borrowing limit of 2.000"),
+        "{}",
+        waiting.why
+    );
+
+    let mut stray = tenant_job("team-c", "c0");
+    let err = env
+        .reactor
+        .step(env.now, Event::Submit(stray.clone()))
+        .unwrap_err();
+    assert_eq!(err.field().as_deref(), Some("queue"), "{err}");
+    stray.tenant = TenantId::new("team-a").unwrap();
+    stray.queue = Some("team-b".into());
+    let err = env
+        .reactor
+        .step(env.now, Event::Submit(stray.clone()))
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("belongs to tenant team-b"),
+        "{err}"
+    );
+    stray.queue = None;
+    stray.priority = Some("urgent".into());
+    let err = env.reactor.step(env.now, Event::Submit(stray)).unwrap_err();
+    assert_eq!(err.field().as_deref(), Some("priority"), "{err}");
+}
+
+#[test]
+pub(super) fn tenancy_files_with_mistakes_are_refused_with_the_queue_named() {
+    for (text, want) in [
+        (
+            "[[queues]]\nname = \"q\"\ntenant = \"t\"\nquota = { \"gpu\" = 1 }",
+            "queue \"q\": class \"gpu\"",
+        ),
+        (
+            "[[queues]]\nname = \"q\"\ntenant = \"t\"\nquota = { \"tpu:*\" = 1 }",
+            "kind must be",
+        ),
+        (
+            "[[queues]]\nname = \"q\"\ntenant = \"t\"\nquota = { \"gpu:*\" = -1 }",
+            "not a number of devices",
+        ),
+        ("default_priority = \"x\"", "default_priority \"x\""),
+        (
+            "[[queues]]\nname = \"q\"\ntenant = \"t\"\n[[queues]]\nname = \"q\"\ntenant = \"t\"",
+            "defined twice",
+        ),
+        (
+            "[[queues]]\nname = \"q\"\ntenant = \"t\"\nspeed = 1",
+            "unknown field",
+        ),
+    ] {
+        let err = crate::quota::Tenancy::from_toml(text).unwrap_err();
+        assert!(err.contains(want), "{text}: {err}");
+    }
+}
+
+#[test]
+pub(super) fn the_report_adds_up_to_the_job_records_in_every_breakdown() {
+    let mut env = TestEnv::new(trio());
+    env.set_tenancy(COHORT);
+    for i in 0..16 {
+        env.submit(tenant_job("team-a", &format!("a{i}")));
+        run_all(&mut env);
+        env.advance(100);
+    }
+    // Team B takes back 3 GPUs: 3 of A's attempts are preempted; their ends are reported late and metered.
+    for i in 0..3 {
+        env.submit(tenant_job("team-b", &format!("b{i}")));
+        run_all(&mut env);
+    }
+    let cancels: Vec<(SiteId, CancelAttempt)> = env
+        .sent
+        .iter()
+        .filter_map(|c| match c {
+            Command::Cancel { site, cancel } => Some((site.clone(), cancel.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        cancels.len(),
+        3,
+        "A running {}, B running {}, pending {:?}",
+        count(&env, "team-a", JobPhase::Running),
+        count(&env, "team-b", JobPhase::Running),
+        env.reactor
+            .state()
+            .jobs
+            .values()
+            .filter(|j| j.phase == JobPhase::Pending)
+            .map(|j| j.why.clone())
+            .collect::<Vec<_>>()
+    );
+    for (site, c) in &cancels {
+        env.step(Event::Status(JobStatus {
+            v: 1,
+            job: c.job.clone(),
+            attempt: c.attempt,
+            site: site.clone(),
+            state: AttemptState::Cancelled {
+                reason: c.reason.clone(),
+            },
+            at_ms: env.now,
+            started_at_ms: None,
+            runtime_ms: Some(600_000),
+            checkpoint: None,
+        }));
+    }
+    // Everything running ends after an hour.
+    env.now += 3_600_000;
+    let running: Vec<(JobId, u32, SiteId)> = env
+        .reactor
+        .state()
+        .jobs
+        .values()
+        .filter(|j| j.phase == JobPhase::Running)
+        .map(|j| {
+            (
+                j.id.clone(),
+                j.attempt,
+                j.assignment.as_ref().unwrap().site.clone(),
+            )
+        })
+        .collect();
+    for (job, attempt, site) in running {
+        env.step(Event::Status(JobStatus {
+            v: 1,
+            job,
+            attempt,
+            site,
+            state: AttemptState::Succeeded { exit_code: 0 },
+            at_ms: env.now,
+            started_at_ms: None,
+            runtime_ms: Some(3_600_000),
+            checkpoint: None,
+        }));
+    }
+    run_all(&mut env);
+
+    let r = crate::ledger::report(env.reactor.state().jobs.values(), &ReportRequest::default());
+    // An independent sum over the job records.
+    let (mut dev, mut cost, mut wh, mut g, mut attempts) = (0u64, 0u64, 0u64, 0u64, 0u64);
+    for j in env.reactor.state().jobs.values() {
+        for run in &j.runs {
+            dev += run.milli * run.runtime_ms;
+            cost += run.amounts.cost_micro_usd;
+            wh += run.amounts.energy_wh;
+            g += run.amounts.co2_g;
+            attempts += 1;
+        }
+    }
+    assert!(cost > 0 && dev > 0);
+    let t = &r.total;
+    assert_eq!(
+        (
+            t.device_milli_ms,
+            t.cost_micro_usd,
+            t.energy_wh,
+            t.co2_g,
+            t.attempts
+        ),
+        (dev, cost, wh, g, attempts)
+    );
+    // The preempted hour-fractions are in it: 3 attempts of 10 minutes on one device each.
+    let preempted: u64 = env
+        .reactor
+        .state()
+        .jobs
+        .values()
+        .flat_map(|j| &j.runs)
+        .filter(|r| r.runtime_ms == 600_000)
+        .map(|r| r.milli * r.runtime_ms)
+        .sum();
+    assert_eq!(preempted, 3 * 1000 * 600_000);
+    for rows in [&r.by_tenant, &r.by_site, &r.by_model] {
+        let sum = |f: fn(&ReportRow) -> u64| rows.iter().map(f).sum::<u64>();
+        assert_eq!(sum(|x| x.device_milli_ms), t.device_milli_ms);
+        assert_eq!(sum(|x| x.cost_micro_usd), t.cost_micro_usd);
+        assert_eq!(sum(|x| x.energy_wh), t.energy_wh);
+        assert_eq!(sum(|x| x.co2_g), t.co2_g);
+        assert_eq!(sum(|x| x.attempts), t.attempts);
+        assert_eq!(sum(|x| x.wait_ms), t.wait_ms);
+    }
+    assert_eq!(r.by_tenant.iter().map(|x| x.jobs).sum::<u64>(), t.jobs);
+    assert_eq!(
+        t.jobs,
+        env.reactor
+            .state()
+            .jobs
+            .values()
+            .filter(|j| !j.runs.is_empty())
+            .count() as u64
+    );
+    // One tenant, and a window that leaves everything out.
+    let only_b = crate::ledger::report(
+        env.reactor.state().jobs.values(),
+        &ReportRequest {
+            tenant: Some(TenantId::new("team-b").unwrap()),
+            ..ReportRequest::default()
+        },
+    );
+    assert_eq!(only_b.by_tenant.len(), 1);
+    assert_eq!(only_b.total.jobs, 3);
+    let none = crate::ledger::report(
+        env.reactor.state().jobs.values(),
+        &ReportRequest {
+            to_ms: Some(1),
+            ..ReportRequest::default()
+        },
+    );
+    assert_eq!(
+        none.total,
+        ReportRow {
+            key: "total".into(),
+            ..ReportRow::default()
+        }
+    );
+}
+
+#[test]
+pub(super) fn a_gang_is_admitted_whole_or_not_at_all() {
+    // Two sites of 4 GPUs each, 3 of them busy at each: 2 free in all, never 4 at one site.
+    let mut env = TestEnv::new(vec![
+        site("x", Tier::Owned, 39.0, -77.5)
+            .gpus("A100", 4, 1.0)
+            .used(0, 1000)
+            .used(1, 1000)
+            .used(2, 1000)
+            .build(),
+        site("y", Tier::Owned, 45.6, -121.2)
+            .gpus("A100", 4, 1.0)
+            .used(0, 1000)
+            .used(1, 1000)
+            .used(2, 1000)
+            .build(),
+    ]);
+    let mut gang = tenant_job("team-a", "gang");
+    gang.replicas = 2;
+    gang.resources = Resources::whole(AcceleratorKind::Gpu, 1);
+    let id = env.submit(gang.clone());
+    assert!(env.take_offers().is_empty(), "no replica may start alone");
+    assert_eq!(env.phase(&id), JobPhase::Pending);
+    let why = &env.reactor.state().jobs[&id].why;
+    assert!(
+        why.starts_with("gang of 2 replicas, admitted only all together at one site"),
+        "{why}"
+    );
+    // Site y frees up: both replicas go there together, in one offer.
+    let mut freed = site("y", Tier::Owned, 45.6, -121.2)
+        .gpus("A100", 4, 1.0)
+        .used(0, 1000)
+        .build();
+    freed.generation += 1;
+    env.step(Event::Advert(freed));
+    let offers = env.take_offers();
+    assert_eq!(offers.len(), 1);
+    assert_eq!(offers[0].devices.len(), 2);
+    // Quota counts every replica: a queue of 3 GPUs never admits a 4-replica gang, not even in part.
+    let t = COHORT.replace(
+        "cohort = \"research\"\nquota = { \"gpu:*\" = 8 }",
+        "quota = { \"gpu:*\" = 3 }",
+    );
+    let mut env = TestEnv::new(trio());
+    env.set_tenancy(&t);
+    gang.replicas = 4;
+    gang.idempotency_key = "gang4".into();
+    let id = env.submit(gang);
+    assert!(env.take_offers().is_empty());
+    let why = &env.reactor.state().jobs[&id].why;
+    assert!(
+        why.contains("waiting for quota: queue team-a uses 0.000 of its 3.000 gpu:*"),
+        "{why}"
+    );
+}
+
+#[test]
+pub(super) fn the_queue_with_the_smaller_dominant_share_goes_first() {
+    let t = COHORT.replace("cohort = \"research\"\n", "");
+    let mut env = TestEnv::new(vec![site("x", Tier::Owned, 39.0, -77.5)
+        .gpus("A100", 2, 1.0)
+        .build()]);
+    env.set_tenancy(&t);
+    env.submit(tenant_job("team-a", "a0"));
+    env.submit(tenant_job("team-b", "b0"));
+    let offers = env.take_offers();
+    for o in &offers {
+        env.answer(o, OfferOutcome::Accepted);
+        env.status(o, AttemptState::Running, 0);
+    }
+    let a1 = env.submit(tenant_job("team-a", "a1"));
+    let b1 = env.submit(tenant_job("team-b", "b1"));
+    // B's job ends after 10 minutes; A's keeps running for two hours.
+    env.now += 600_000;
+    let b0 = offers
+        .iter()
+        .find(|o| o.spec.idempotency_key == "b0")
+        .unwrap();
+    env.status(b0, AttemptState::Succeeded { exit_code: 0 }, 600_000);
+    env.now += 6_600_000;
+    env.heartbeat("x");
+    env.advance(10);
+    // One device is free: B's job gets it although A's waited longer.
+    assert_eq!(env.phase(&b1), JobPhase::Offered);
+    assert_eq!(env.phase(&a1), JobPhase::Pending);
+}
+
+/// A job placed by cost: an hour of a 1 USD/h GPU at site a-cheap.
+pub(super) fn cheap_job(tenant: &str, key: &str) -> JobSpec {
+    let mut spec = tenant_job(tenant, key);
+    spec.policy = Some(Policy::Cost);
+    spec
+}
+
+pub(super) fn budget_env(mode: &str) -> TestEnv {
+    let t = format!(
+        "{COHORT}\n[[budgets]]\ntenant = \"team-a\"\nperiod = \"day\"\nusd = 2.5\nwhen_exceeded = \"{mode}\"\n"
+    );
+    let mut env = TestEnv::new(trio());
+    env.set_tenancy(&t);
+    env
+}
+
+#[test]
+pub(super) fn a_submission_over_the_tenants_budget_is_refused_with_the_budget_named() {
+    let mut env = budget_env("refuse");
+    // Each job is expected to cost about 1 USD (an hour of a 1 USD/h GPU): two fit in 2.50 USD.
+    env.submit(cheap_job("team-a", "a0"));
+    env.submit(cheap_job("team-a", "a1"));
+    run_all(&mut env);
+    let err = env
+        .reactor
+        .step(env.now, Event::Submit(cheap_job("team-a", "a2")))
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::OverBudget);
+    let msg = err.to_string();
+    assert!(
+        msg.contains("over budget: tenant team-a has 0.50 of its 2.50 USD for this day left"),
+        "{msg}"
+    );
+    // Another tenant is not limited; a resubmission of an accepted job still answers with that job.
+    env.submit(cheap_job("team-b", "b0"));
+    env.submit(cheap_job("team-a", "a0"));
+    // The next day the budget is whole again.
+    env.now += 86_400_000;
+    env.heartbeat("a-cheap");
+    env.heartbeat("b-green");
+    env.heartbeat("c-frankfurt");
+    env.submit(cheap_job("team-a", "a3"));
+}
+
+#[test]
+pub(super) fn a_held_job_waits_for_the_next_budget_period_and_then_runs() {
+    let mut env = budget_env("hold");
+    env.submit(cheap_job("team-a", "a0"));
+    env.submit(cheap_job("team-a", "a1"));
+    let held = env.submit(cheap_job("team-a", "a2"));
+    run_all(&mut env);
+    assert_eq!(env.phase(&held), JobPhase::Pending);
+    let job = &env.reactor.state().jobs[&held];
+    assert!(
+        job.why
+            .contains("held until the budget period ends at 86400000: over budget: tenant team-a"),
+        "{}",
+        job.why
+    );
+    assert_eq!(job.retry_at_ms, Some(86_400_000));
+    // Midnight UTC: a new day, a new budget.
+    env.now = 86_400_000;
+    for s in ["a-cheap", "b-green", "c-frankfurt"] {
+        env.heartbeat(s);
+    }
+    env.advance(1);
+    assert_eq!(env.phase(&held), JobPhase::Offered);
+}
+
+#[test]
+pub(super) fn a_tenancy_change_is_journaled_and_survives_replay_and_snapshots() {
+    let mut env = TestEnv::new(trio());
+    let small = COHORT
+        .replace("cohort = \"research\"\n", "")
+        .replace("quota = { \"gpu:*\" = 8 }", "quota = { \"gpu:*\" = 1 }");
+    env.step(Event::SetTenancy {
+        toml: small.clone(),
+        from_file: true,
+    });
+    env.submit(tenant_job("team-a", "a0"));
+    let a1 = env.submit(tenant_job("team-a", "a1"));
+    run_all(&mut env);
+    assert_eq!(env.phase(&a1), JobPhase::Pending);
+    // A bad file is refused with the problem, and changes nothing.
+    let err = env
+        .reactor
+        .step(
+            env.now,
+            Event::SetTenancy {
+                toml: "[[queues]]\nname = 1".into(),
+                from_file: false,
+            },
+        )
+        .unwrap_err();
+    assert_eq!(err.field().as_deref(), Some("tenancy"), "{err}");
+    // Raising the quota lets the waiting job run.
+    env.step(Event::SetTenancy {
+        toml: COHORT.into(),
+        from_file: false,
+    });
+    run_all(&mut env);
+    assert_eq!(env.phase(&a1), JobPhase::Running);
+    // A replay, and a snapshot, carry the tenancy in force.
+    let records = env.reactor.journal().records.clone();
+    let fresh = || {
+        crate::reactor::Reactor::new(
+            env.reactor.config().clone(),
+            RttTable::default(),
+            regions(),
+            crate::journal::MemoryJournal::default(),
+        )
+    };
+    let mut again = fresh();
+    again.replay(&records);
+    assert_eq!(again.tenancy(), env.reactor.tenancy());
+    assert_eq!(again.state().jobs, env.reactor.state().jobs);
+    let mut restored = fresh();
+    restored.restore(env.reactor.state().snapshot(0, 0));
+    assert_eq!(restored.tenancy(), env.reactor.tenancy());
+    assert_eq!(restored.state().tenancy_toml.as_deref(), Some(COHORT));
+    assert_eq!(
+        restored.state().tenancy_file_toml.as_deref(),
+        Some(small.as_str())
+    );
+}
+
+#[test]
+pub(super) fn a_queue_capped_at_a_site_goes_elsewhere_and_the_explanation_says_why() {
+    let t = COHORT.replace(
+        "name = \"team-a\"\ntenant = \"team-a\"\ncohort = \"research\"\nquota = { \"gpu:*\" = 8 }",
+        "name = \"team-a\"\ntenant = \"team-a\"\ncohort = \"research\"\nquota = { \"gpu:*\" = 8 }\nsite_caps = { a-cheap = { \"gpu:A100\" = 2 } }",
+    );
+    let mut env = TestEnv::new(trio());
+    env.set_tenancy(&t);
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        ids.push(env.submit(cheap_job("team-a", &format!("a{i}"))));
+        run_all(&mut env);
+    }
+    let sites: Vec<String> = ids
+        .iter()
+        .map(|id| {
+            env.reactor.state().jobs[id]
+                .assignment
+                .as_ref()
+                .unwrap()
+                .site
+                .to_string()
+        })
+        .collect();
+    assert_eq!(
+        sites.iter().filter(|s| *s == "a-cheap").count(),
+        2,
+        "{sites:?}"
+    );
+    let third = env.reactor.state().jobs[&ids[2]].decision.as_ref().unwrap();
+    let capped = third
+        .candidates
+        .iter()
+        .find(|c| c.site.as_str() == "a-cheap")
+        .and_then(|c| c.reject.as_ref())
+        .map(ToString::to_string);
+    assert_eq!(
+        capped.as_deref(),
+        Some("the job's queue is at its quota cap at this site")
+    );
+    let err = crate::quota::Tenancy::from_toml(
+        "[[queues]]\nname = \"q\"\ntenant = \"t\"\nsite_caps = { \"bad site\" = { \"gpu:*\" = 1 } }",
+    )
+    .unwrap_err();
+    assert!(err.contains("site_caps: site \"bad site\""), "{err}");
+}
