@@ -4,6 +4,7 @@
 
 use meridian_broker::local::{LocalOptions, Nats};
 use meridian_broker::service::journal::{JetStreamJournal, StoreError};
+use meridian_core::durable::FORMAT_VERSION;
 use meridian_core::journal::Record;
 use meridian_core::reactor::Event;
 use meridian_e2e::*;
@@ -48,23 +49,25 @@ fn the_journal_refuses_a_writer_that_was_taken_over() {
             .await
             .unwrap();
         assert!(a.recover().await.unwrap().records.is_empty());
-        assert!(a.take_over().await.unwrap().is_empty());
-        a.store(vec![record(1), record(2)]).await.unwrap();
+        assert!(a.take_over(FORMAT_VERSION).await.unwrap().is_empty());
+        a.store(FORMAT_VERSION, vec![record(1), record(2)])
+            .await
+            .unwrap();
 
         let mut b = JetStreamJournal::open(client.clone(), "b".into(), 1)
             .await
             .unwrap();
         assert_eq!(cancelled(&b.recover().await.unwrap().records), [1, 2]);
         // a writes after b has read but before b has fenced: b's takeover picks the record up.
-        a.store(vec![record(3)]).await.unwrap();
-        assert_eq!(cancelled(&b.take_over().await.unwrap()), [3]);
+        a.store(FORMAT_VERSION, vec![record(3)]).await.unwrap();
+        assert_eq!(cancelled(&b.take_over(FORMAT_VERSION).await.unwrap()), [3]);
 
-        let refused = a.store(vec![record(4)]).await;
+        let refused = a.store(FORMAT_VERSION, vec![record(4)]).await;
         assert!(
             matches!(refused, Err(StoreError::Fenced { .. })),
             "{refused:?}"
         );
-        b.store(vec![record(5)]).await.unwrap();
+        b.store(FORMAT_VERSION, vec![record(5)]).await.unwrap();
 
         let mut c = JetStreamJournal::open(client, "c".into(), 1).await.unwrap();
         assert_eq!(cancelled(&c.recover().await.unwrap().records), [1, 2, 3, 5]);

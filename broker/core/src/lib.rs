@@ -3,6 +3,7 @@
 //! passed in as milliseconds since the Unix epoch.
 
 pub mod budget;
+pub mod durable;
 pub mod index;
 pub mod inference;
 pub mod journal;

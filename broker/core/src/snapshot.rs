@@ -9,6 +9,9 @@ use super::Millis;
 
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Snapshot {
+    /// The durable format of the records it holds (absent in format 1).
+    #[serde(default = "crate::durable::first_format")]
+    pub format: u32,
     /// The last journal sequence whose record is included.
     pub journal_seq: u64,
     pub at_ms: Millis,
@@ -25,6 +28,7 @@ pub struct Snapshot {
 impl State {
     pub fn snapshot(&self, journal_seq: u64, at_ms: Millis) -> Snapshot {
         Snapshot {
+            format: self.format(),
             journal_seq,
             at_ms,
             next_job: self.next_job,

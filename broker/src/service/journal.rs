@@ -17,21 +17,11 @@ use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::{self, consumer, object_store, stream};
 use bytes::Bytes;
 use futures::StreamExt;
+use meridian_core::durable::{self, Batch};
 use meridian_core::journal::Record;
 use meridian_core::snapshot::Snapshot;
 use meridian_federation::subjects;
 use tokio::io::AsyncReadExt;
-
-/// One journal message: the records of a batch of steps, and who wrote it. A batch without records marks a
-/// broker's takeover.
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
-pub struct Batch {
-    /// The writing broker's instance name.
-    pub leader: String,
-    /// The writer's batch number (with `leader`, identifies a retried append).
-    pub n: u64,
-    pub records: Vec<Record>,
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -173,8 +163,7 @@ impl JetStreamJournal {
             .read_to_end(&mut bytes)
             .await
             .context("reading the snapshot")?;
-        let snap: Snapshot =
-            serde_json::from_slice(&bytes).context("the snapshot is unreadable")?;
+        let snap = durable::decode_snapshot(&bytes).context("reading the snapshot")?;
         Ok(Some(snap))
     }
 
@@ -210,8 +199,8 @@ impl JetStreamJournal {
                 .info()
                 .map_err(|e| anyhow::anyhow!("{e}"))?
                 .stream_sequence;
-            let batch: Batch = serde_json::from_slice(&m.payload)
-                .with_context(|| format!("journal message {seq} is unreadable"))?;
+            let batch = durable::decode_batch(&m.payload)
+                .with_context(|| format!("journal message {seq}"))?;
             out.extend(batch.records);
             batches += 1;
             last = seq;
@@ -228,11 +217,11 @@ impl JetStreamJournal {
 
     /// Appends an empty batch to fence out any earlier active broker. If another broker appended since this one
     /// recovered, the records it appended are returned (to be replayed) and the marker is tried again.
-    pub async fn take_over(&mut self) -> anyhow::Result<Vec<Record>> {
+    pub async fn take_over(&mut self, format: u32) -> anyhow::Result<Vec<Record>> {
         let mut late = Vec::new();
         let deadline = tokio::time::Instant::now() + STORE_PATIENCE;
         loop {
-            match self.append(Vec::new()).await {
+            match self.append(format, Vec::new()).await {
                 Ok(()) => return Ok(late),
                 Err(StoreError::Fenced { .. }) => match self.read_after(self.last_seq).await {
                     Ok((records, _, last)) => {
@@ -252,21 +241,21 @@ impl JetStreamJournal {
 
     /// Stores the records of a batch of steps (split into messages below the payload limit), each message
     /// acknowledged by JetStream before the next.
-    pub async fn store(&mut self, records: Vec<Record>) -> Result<(), StoreError> {
+    pub async fn store(&mut self, format: u32, records: Vec<Record>) -> Result<(), StoreError> {
         let n = records.len() as u64;
         let mut chunk = Vec::new();
         let mut size = 0;
         for r in records {
             let len = serde_json::to_vec(&r).map_or(0, |v| v.len());
             if !chunk.is_empty() && size + len > MAX_MESSAGE {
-                self.append(std::mem::take(&mut chunk)).await?;
+                self.append(format, std::mem::take(&mut chunk)).await?;
                 size = 0;
             }
             size += len;
             chunk.push(r);
         }
         if !chunk.is_empty() {
-            self.append(chunk).await?;
+            self.append(format, chunk).await?;
         }
         self.since_snapshot += n;
         Ok(())
@@ -282,7 +271,7 @@ impl JetStreamJournal {
     /// Hands a snapshot (taken right after a store, so it includes everything up to [`Self::last_seq`]) to the
     /// background uploader; only the newest waiting one is written.
     pub fn save_snapshot(&mut self, snap: &Snapshot) {
-        match serde_json::to_vec(snap) {
+        match durable::encode_snapshot(snap) {
             Ok(bytes) => {
                 self.since_snapshot = 0;
                 let _ = self.snapshots.send(Some(Bytes::from(bytes)));
@@ -292,15 +281,16 @@ impl JetStreamJournal {
     }
 
     /// One fenced message, retried with the same content for up to [`STORE_PATIENCE`].
-    async fn append(&mut self, records: Vec<Record>) -> Result<(), StoreError> {
+    async fn append(&mut self, format: u32, records: Vec<Record>) -> Result<(), StoreError> {
         self.next_batch += 1;
         let batch = Batch {
+            format,
             leader: self.instance.clone(),
             n: self.next_batch,
             records,
         };
         let body = Bytes::from(
-            serde_json::to_vec(&batch).map_err(|e| StoreError::Unavailable(e.to_string()))?,
+            durable::encode_batch(&batch).map_err(|e| StoreError::Unavailable(e.to_string()))?,
         );
         let deadline = tokio::time::Instant::now() + STORE_PATIENCE;
         let mut pause = std::time::Duration::from_millis(50);

@@ -292,12 +292,14 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
     tracing::info!("broker {name} is active");
     let taking_over = std::time::Instant::now();
     // Fence out the broker that was active before, and replay what it wrote since the last look.
-    let late = journal.take_over().await?;
+    let late = journal.take_over(reactor.state().format()).await?;
     reactor.replay(&late);
     reactor
         .step(now_ms(), Event::Resume)
         .map_err(|e| anyhow::anyhow!("resuming: {e}"))?;
-    journal.store(reactor.journal_mut().take()).await?;
+    journal
+        .store(reactor.state().format(), reactor.journal_mut().take())
+        .await?;
     if let Some(e) = &reactor.state().tenancy_toml_error() {
         tracing::error!(
             "the journaled tenancy could not be read ({e}); quotas are off until it is set again"
@@ -316,7 +318,9 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
                     },
                 )
                 .map_err(|e| anyhow::anyhow!("tenancy: {e}"))?;
-            journal.store(reactor.journal_mut().take()).await?;
+            journal
+                .store(reactor.state().format(), reactor.journal_mut().take())
+                .await?;
         }
     }
     if let Some(t) = &reactor.tenancy() {
@@ -581,7 +585,7 @@ async fn reactor_loop(
         let records = reactor.journal_mut().take();
         if !records.is_empty() {
             let storing = std::time::Instant::now();
-            if let Err(e) = journal.store(records).await {
+            if let Err(e) = journal.store(reactor.state().format(), records).await {
                 tracing::error!("stopping: {e}");
                 return Err(e.into());
             }

@@ -347,6 +347,7 @@ impl<J: Journal> Reactor<J> {
     /// Replaces the state with a snapshot's; derived parts are rebuilt.
     pub fn restore(&mut self, snap: Snapshot) {
         let mut st = State {
+            format: snap.format,
             next_job: snap.next_job,
             dirty: true,
             tenancy_file_toml: snap.tenancy_file_toml,

@@ -26,6 +26,8 @@ pub struct State {
     pub(crate) tenancy_file_toml: Option<String>,
     /// Why a journaled tenancy could not be read back (a newer broker's format, say).
     pub(crate) tenancy_toml_error: Option<String>,
+    /// The durable format in force (0 stands for the first): what the journal is written in.
+    pub(crate) format: u32,
     /// Every offered job (and, until pruned, some that left that phase): what the offer timer scans.
     pub(crate) offered: std::collections::BTreeSet<JobId>,
     /// The active set is pruned of finished jobs when it grows past this (amortised: twice its size after the
@@ -71,6 +73,11 @@ impl State {
     /// The tenancy file's text as last applied at a start.
     pub fn tenancy_file_toml(&self) -> Option<&str> {
         self.tenancy_file_toml.as_deref()
+    }
+
+    /// The durable format in force: the journal's batches and snapshots are written in it.
+    pub fn format(&self) -> u32 {
+        self.format.max(crate::durable::FIRST_FORMAT)
     }
 
     /// Why a journaled tenancy could not be read back.
