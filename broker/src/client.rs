@@ -81,6 +81,20 @@ impl Client {
         self.call(api::TENANCY, &req).await
     }
 
+    /// The journal's durable format; with `upgrade`, upgraded first to the newest the broker knows.
+    pub async fn journal_format(
+        &self,
+        token: &str,
+        upgrade: bool,
+    ) -> anyhow::Result<meridian_federation::FormatView> {
+        let req = meridian_federation::FormatRequest {
+            v: WIRE_VERSION,
+            token: token.to_owned(),
+            upgrade,
+        };
+        self.call(api::JOURNAL_FORMAT, &req).await
+    }
+
     pub async fn report(
         &self,
         req: &meridian_federation::ReportRequest,

@@ -64,6 +64,15 @@ enum Output {
     Csv,
 }
 
+/// What `meridian journal` does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum JournalAction {
+    /// Show the durable format the journal is written in.
+    Format,
+    /// Write the journal in the newest durable format this broker knows from now on.
+    UpgradeFormat,
+}
+
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Run the broker.
@@ -99,6 +108,15 @@ enum Cmd {
         /// The new tenancy file (TOML, see configs/tenancy.toml).
         #[arg(long)]
         set: Option<PathBuf>,
+        /// The administrator's token.
+        #[arg(long, env = "MERIDIAN_ADMIN_TOKEN", hide_env_values = true)]
+        admin_token: String,
+    },
+    /// The journal's durable format: `format` shows it, `upgrade-format` moves the journal to the newest format
+    /// this broker knows (do it once every broker of the federation runs this release).
+    Journal {
+        #[arg(value_enum)]
+        action: JournalAction,
         /// The administrator's token.
         #[arg(long, env = "MERIDIAN_ADMIN_TOKEN", hide_env_values = true)]
         admin_token: String,
@@ -612,6 +630,20 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
                     print(out, &v, |v| match &v.toml {
                         Some(t) => out!("{t}"),
                         None => outln!("no tenancy: nothing is limited by quota"),
+                    })
+                }
+                Cmd::Journal {
+                    action,
+                    admin_token,
+                } => {
+                    let upgrade = action == JournalAction::UpgradeFormat;
+                    let v = client.journal_format(&admin_token, upgrade).await?;
+                    print(out, &v, |v| {
+                        outln!(
+                            "journal format {} (this broker knows up to {})",
+                            v.format,
+                            v.newest
+                        )
                     })
                 }
                 Cmd::Report { tenant, from, to } => {

@@ -4,7 +4,7 @@
 
 use meridian_broker::local::{LocalOptions, Nats};
 use meridian_broker::service::journal::{JetStreamJournal, StoreError};
-use meridian_core::durable::FORMAT_VERSION;
+use meridian_core::durable::{Batch, FORMAT_VERSION};
 use meridian_core::journal::Record;
 use meridian_core::reactor::Event;
 use meridian_e2e::*;
@@ -22,9 +22,10 @@ fn record(n: u64) -> Record {
     }
 }
 
-fn cancelled(records: &[Record]) -> Vec<u64> {
-    records
+fn cancelled(batches: &[Batch]) -> Vec<u64> {
+    batches
         .iter()
+        .flat_map(|b| &b.records)
         .map(|r| match &r.event {
             Event::Cancel(id) => {
                 assert_eq!(id, &JobId::numbered(r.at_ms));
@@ -48,7 +49,7 @@ fn the_journal_refuses_a_writer_that_was_taken_over() {
         let mut a = JetStreamJournal::open(client.clone(), "a".into(), 1)
             .await
             .unwrap();
-        assert!(a.recover().await.unwrap().records.is_empty());
+        assert!(a.recover().await.unwrap().batches.is_empty());
         assert!(a.take_over(FORMAT_VERSION).await.unwrap().is_empty());
         a.store(FORMAT_VERSION, vec![record(1), record(2)])
             .await
@@ -57,7 +58,7 @@ fn the_journal_refuses_a_writer_that_was_taken_over() {
         let mut b = JetStreamJournal::open(client.clone(), "b".into(), 1)
             .await
             .unwrap();
-        assert_eq!(cancelled(&b.recover().await.unwrap().records), [1, 2]);
+        assert_eq!(cancelled(&b.recover().await.unwrap().batches), [1, 2]);
         // a writes after b has read but before b has fenced: b's takeover picks the record up.
         a.store(FORMAT_VERSION, vec![record(3)]).await.unwrap();
         assert_eq!(cancelled(&b.take_over(FORMAT_VERSION).await.unwrap()), [3]);
@@ -70,7 +71,7 @@ fn the_journal_refuses_a_writer_that_was_taken_over() {
         b.store(FORMAT_VERSION, vec![record(5)]).await.unwrap();
 
         let mut c = JetStreamJournal::open(client, "c".into(), 1).await.unwrap();
-        assert_eq!(cancelled(&c.recover().await.unwrap().records), [1, 2, 3, 5]);
+        assert_eq!(cancelled(&c.recover().await.unwrap().batches), [1, 2, 3, 5]);
     });
 }
 

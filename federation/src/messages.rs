@@ -712,6 +712,25 @@ pub struct TenancyRequest {
     pub toml: Option<String>,
 }
 
+/// Read the journal's durable format, or upgrade it to the newest this broker knows (`upgrade`): an
+/// administrator's call, made once every broker of the federation runs a release that reads the newer format.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FormatRequest {
+    #[serde(default = "v1")]
+    pub v: u32,
+    pub token: String,
+    #[serde(default)]
+    pub upgrade: bool,
+}
+
+/// The journal's durable format in force, and the newest the broker knows.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FormatView {
+    pub format: u32,
+    pub newest: u32,
+}
+
 /// The tenancy in force, as the text of a tenancy file (`None`: no quotas).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TenancyView {

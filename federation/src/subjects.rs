@@ -98,6 +98,9 @@ pub mod api {
     pub const REPORT: &str = "meridian.v1.api.report";
     /// Read or replace the tenancy, with the administrator's token (`TenancyRequest` → `TenancyView`).
     pub const TENANCY: &str = "meridian.v1.api.admin.tenancy";
+    /// Read or upgrade the journal's durable format, with the administrator's token (`FormatRequest` →
+    /// `FormatView`).
+    pub const JOURNAL_FORMAT: &str = "meridian.v1.api.admin.journal.format";
     /// All API subjects, for the broker's subscription.
     pub const ALL: &str = "meridian.v1.api.>";
 }

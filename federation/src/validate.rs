@@ -359,7 +359,7 @@ impl Validate for CancelAttempt {
     versioned!(CancelAttempt);
 
     fn validate(&self) -> R {
-        Ok(())
+        name("reason", &self.reason, 4096)
     }
 }
 
@@ -417,6 +417,14 @@ impl Validate for ScaleInRequest {
 
 impl Validate for TenancyRequest {
     versioned!(TenancyRequest);
+
+    fn validate(&self) -> R {
+        Ok(())
+    }
+}
+
+impl Validate for FormatRequest {
+    versioned!(FormatRequest);
 
     fn validate(&self) -> R {
         Ok(())

@@ -345,3 +345,14 @@ mod props {
         }
     }
 }
+
+#[test]
+fn a_cancel_reason_is_bounded_and_printable() {
+    let cancel =
+        |reason: String| bytes(&json!({"v": 1, "job": "j-000001", "attempt": 1, "reason": reason}));
+    assert!(decode::<CancelAttempt>(&cancel("preempted".into())).is_ok());
+    let long = decode::<CancelAttempt>(&cancel("x".repeat(5000))).unwrap_err();
+    assert!(long.to_string().contains("reason"), "{long}");
+    let control = decode::<CancelAttempt>(&cancel("a\nb".into())).unwrap_err();
+    assert!(control.to_string().contains("control"), "{control}");
+}

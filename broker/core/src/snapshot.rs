@@ -23,6 +23,13 @@ pub struct Snapshot {
     pub tenancy_toml: Option<String>,
     #[serde(default)]
     pub tenancy_file_toml: Option<String>,
+    /// Capacity changed since waiting jobs were last tried (format 1 snapshots lack it: taken as changed).
+    #[serde(default = "changed")]
+    pub dirty: bool,
+}
+
+fn changed() -> bool {
+    true
 }
 
 impl State {
@@ -36,6 +43,7 @@ impl State {
             jobs: self.jobs.values().cloned().collect(),
             tenancy_toml: self.tenancy_toml.clone(),
             tenancy_file_toml: self.tenancy_file_toml.clone(),
+            dirty: self.dirty,
         }
     }
 }

@@ -159,11 +159,16 @@ impl TestEnv {
     }
 
     pub fn step(&mut self, event: Event) -> Response {
+        let quota = self.reactor.holders();
         let r = self
             .reactor
             .step(self.now, event)
             .unwrap_or_else(|e| panic!("step failed: {e}"));
-        if let Err(e) = self.reactor.sanity_check() {
+        if let Err(e) = self
+            .reactor
+            .sanity_check()
+            .and_then(|()| self.reactor.check_quota_step(&quota))
+        {
             panic!("invariant broken: {e}");
         }
         self.sent.extend(self.reactor.take_outbox());

@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use meridian_core::durable::{self, Batch};
-use meridian_core::journal::{MemoryJournal, Record};
+use meridian_core::journal::MemoryJournal;
 use meridian_core::latency::RttTable;
 use meridian_core::reactor::{CoreConfig, Reactor};
 use meridian_core::regions::Regions;
@@ -45,10 +45,6 @@ fn batches(format: u32) -> Vec<Batch> {
         .collect()
 }
 
-fn records(batches: &[Batch]) -> Vec<Record> {
-    batches.iter().flat_map(|b| b.records.clone()).collect()
-}
-
 fn job_views(r: &Reactor<MemoryJournal>) -> Vec<JobView> {
     r.state()
         .jobs()
@@ -66,7 +62,7 @@ fn a_format_1_journal_replays_every_job_and_every_finished_job_as_its_broker_rep
     let batches = batches(1);
     assert!(batches.iter().all(|b| b.format == 1));
     let mut r = reactor(1);
-    r.replay(&records(&batches));
+    r.replay_batches(&batches);
     r.sanity_check().unwrap();
     let want: Vec<JobView> = serde_json::from_str(&fixture(1, "jobs.json")).unwrap();
     assert_eq!(want.len(), 21);
@@ -121,7 +117,7 @@ fn a_format_1_snapshot_restores_and_takes_the_batches_after_it() {
     let mut from_snapshot = reactor(1);
     from_snapshot.restore(snap);
     from_snapshot.sanity_check().unwrap();
-    from_snapshot.replay(&records(&after));
+    from_snapshot.replay_batches(&after);
     from_snapshot.sanity_check().unwrap();
     assert_eq!(from_snapshot.state().jobs().len(), 21);
 }

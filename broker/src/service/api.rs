@@ -31,6 +31,11 @@ pub enum Call {
         token: Option<String>,
         toml: Option<String>,
     },
+    /// Read the journal's durable format, or upgrade it to the newest this broker knows.
+    Format {
+        token: Option<String>,
+        upgrade: bool,
+    },
 }
 
 /// The HTTP status and JSON body of a reply.
@@ -148,6 +153,23 @@ pub async fn call(h: &BrokerHandle, c: Call) -> Reply {
             }
             match h.query(Query::Tenancy).await {
                 Some(Answer::Tenancy(toml)) => ok(200, meridian_federation::TenancyView { toml }),
+                _ => unavailable(),
+            }
+        }
+        Call::Format { token, upgrade } => {
+            if let Err(r) = admin(h, token.as_deref()) {
+                return r;
+            }
+            let newest = meridian_core::durable::FORMAT_VERSION;
+            if upgrade {
+                if let Err(e) = h.step(Event::UpgradeFormat { to: newest }).await {
+                    return step_error(e);
+                }
+            }
+            match h.query(Query::Format).await {
+                Some(Answer::Format(format)) => {
+                    ok(200, meridian_federation::FormatView { format, newest })
+                }
                 _ => unavailable(),
             }
         }
@@ -316,6 +338,13 @@ fn nats_call(subject: &str, payload: Bytes) -> Result<Call, Reply> {
             Call::Tenancy {
                 token: Some(r.token),
                 toml: r.toml,
+            }
+        }
+        api::JOURNAL_FORMAT => {
+            let r = decode::<meridian_federation::FormatRequest>(&payload).map_err(wire)?;
+            Call::Format {
+                token: Some(r.token),
+                upgrade: r.upgrade,
             }
         }
         api::LIST_JOBS => {

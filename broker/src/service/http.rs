@@ -21,6 +21,8 @@ pub fn router(h: BrokerHandle) -> Router {
         .route("/v1/services/scale-in", post(scale_in))
         .route("/v1/report", get(report))
         .route("/v1/admin/tenancy", get(get_tenancy).put(put_tenancy))
+        .route("/v1/admin/journal/format", get(get_format))
+        .route("/v1/admin/journal/upgrade-format", post(upgrade_format))
         .layer(DefaultBodyLimit::max(
             meridian_federation::MAX_MESSAGE_BYTES + 1,
         ))
@@ -103,6 +105,35 @@ async fn get_tenancy(State(h): State<BrokerHandle>, headers: axum::http::HeaderM
             Call::Tenancy {
                 token: bearer(&headers),
                 toml: None,
+            },
+        )
+        .await,
+    )
+}
+
+async fn get_format(State(h): State<BrokerHandle>, headers: axum::http::HeaderMap) -> Response {
+    let token = bearer(&headers);
+    respond(
+        call(
+            &h,
+            Call::Format {
+                token,
+                upgrade: false,
+            },
+        )
+        .await,
+    )
+}
+
+/// `POST /v1/admin/journal/upgrade-format`: write the journal in the newest durable format from now on.
+async fn upgrade_format(State(h): State<BrokerHandle>, headers: axum::http::HeaderMap) -> Response {
+    let token = bearer(&headers);
+    respond(
+        call(
+            &h,
+            Call::Format {
+                token,
+                upgrade: true,
             },
         )
         .await,

@@ -35,10 +35,8 @@ pub enum StoreError {
 /// What the journal holds at start.
 pub struct Recovered {
     pub snapshot: Option<Snapshot>,
-    /// Records stored after the snapshot (all of them without one), oldest first.
-    pub records: Vec<Record>,
-    /// Batches read.
-    pub batches: u64,
+    /// Batches stored after the snapshot (all of them without one), oldest first.
+    pub batches: Vec<Batch>,
 }
 
 /// How long an append is retried (through a NATS restart, say) before the broker stops.
@@ -142,13 +140,9 @@ impl JetStreamJournal {
             }
         };
         let from = snapshot.as_ref().map_or(0, |s| s.journal_seq);
-        let (records, batches, last) = self.read_after(from).await?;
+        let (batches, last) = self.read_after(from).await?;
         self.last_seq = last.max(from);
-        Ok(Recovered {
-            snapshot,
-            records,
-            batches,
-        })
+        Ok(Recovered { snapshot, batches })
     }
 
     async fn load_snapshot(&self) -> anyhow::Result<Option<Snapshot>> {
@@ -167,14 +161,13 @@ impl JetStreamJournal {
         Ok(Some(snap))
     }
 
-    /// Records of the batches after sequence `from`, up to the stream's end when the read began; the number of
-    /// batches and the last sequence read.
-    async fn read_after(&self, from: u64) -> anyhow::Result<(Vec<Record>, u64, u64)> {
+    /// The batches after sequence `from`, up to the stream's end when the read began, and the last sequence read.
+    async fn read_after(&self, from: u64) -> anyhow::Result<(Vec<Batch>, u64)> {
         let mut stream = self.stream.clone();
         let info = stream.info().await.context("reading the journal's state")?;
         let end = info.state.last_sequence;
         if end <= from {
-            return Ok((Vec::new(), 0, end));
+            return Ok((Vec::new(), end));
         }
         let consumer = self
             .stream
@@ -188,7 +181,6 @@ impl JetStreamJournal {
             .context("reading the journal")?;
         let mut messages = consumer.messages().await.context("reading the journal")?;
         let mut out = Vec::new();
-        let mut batches = 0;
         let mut last = from;
         while last < end {
             let Some(m) = messages.next().await else {
@@ -201,31 +193,30 @@ impl JetStreamJournal {
                 .stream_sequence;
             let batch = durable::decode_batch(&m.payload)
                 .with_context(|| format!("journal message {seq}"))?;
-            out.extend(batch.records);
-            batches += 1;
+            out.push(batch);
             last = seq;
         }
-        Ok((out, batches, last))
+        Ok((out, last))
     }
 
-    /// The records stored since this broker last read or wrote, and the number of batches they came in.
-    pub async fn catch_up(&mut self) -> anyhow::Result<(Vec<Record>, u64)> {
-        let (records, batches, last) = self.read_after(self.last_seq).await?;
+    /// The batches stored since this broker last read or wrote.
+    pub async fn catch_up(&mut self) -> anyhow::Result<Vec<Batch>> {
+        let (batches, last) = self.read_after(self.last_seq).await?;
         self.last_seq = last.max(self.last_seq);
-        Ok((records, batches))
+        Ok(batches)
     }
 
     /// Appends an empty batch to fence out any earlier active broker. If another broker appended since this one
-    /// recovered, the records it appended are returned (to be replayed) and the marker is tried again.
-    pub async fn take_over(&mut self, format: u32) -> anyhow::Result<Vec<Record>> {
+    /// recovered, the batches it appended are returned (to be replayed) and the marker is tried again.
+    pub async fn take_over(&mut self, format: u32) -> anyhow::Result<Vec<Batch>> {
         let mut late = Vec::new();
         let deadline = tokio::time::Instant::now() + STORE_PATIENCE;
         loop {
             match self.append(format, Vec::new()).await {
                 Ok(()) => return Ok(late),
                 Err(StoreError::Fenced { .. }) => match self.read_after(self.last_seq).await {
-                    Ok((records, _, last)) => {
-                        late.extend(records);
+                    Ok((batches, last)) => {
+                        late.extend(batches);
                         self.last_seq = last;
                     }
                     Err(e) if tokio::time::Instant::now() < deadline => {

@@ -101,6 +101,8 @@ pub enum Query {
     Placement(JobId),
     Report(meridian_federation::ReportRequest),
     Tenancy,
+    /// The journal's durable format in force.
+    Format,
 }
 
 #[derive(Debug)]
@@ -112,6 +114,7 @@ pub enum Answer {
     Placement(Option<(SiteId, u32)>),
     Report(meridian_federation::ReportView),
     Tenancy(Option<String>),
+    Format(u32),
 }
 
 enum Input {
@@ -265,10 +268,10 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
     if let Some(snap) = recovered.snapshot {
         reactor.restore(snap);
     }
-    reactor.replay(&recovered.records);
-    let mut replayed = recovered.records.len();
-    let mut batches = recovered.batches;
-    drop(recovered.records);
+    reactor.replay_batches(&recovered.batches);
+    let mut replayed = records_in(&recovered.batches);
+    let mut batches = recovered.batches.len();
+    drop(recovered.batches);
     let load_ms = loading.elapsed().as_millis();
 
     let acquire = patiently("the lease", || {
@@ -280,10 +283,10 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
         tokio::select! {
             lease = &mut acquire => break lease?,
             _ = follow.tick() => match journal.catch_up().await {
-                Ok((records, n)) => {
-                    reactor.replay(&records);
-                    replayed += records.len();
-                    batches += n;
+                Ok(late) => {
+                    reactor.replay_batches(&late);
+                    replayed += records_in(&late);
+                    batches += late.len();
                 }
                 Err(e) => tracing::warn!("following the journal: {e:#}"),
             },
@@ -293,7 +296,7 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
     let taking_over = std::time::Instant::now();
     // Fence out the broker that was active before, and replay what it wrote since the last look.
     let late = journal.take_over(reactor.state().format()).await?;
-    reactor.replay(&late);
+    reactor.replay_batches(&late);
     reactor
         .step(now_ms(), Event::Resume)
         .map_err(|e| anyhow::anyhow!("resuming: {e}"))?;
@@ -336,7 +339,7 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
         reactor.state().jobs().len(),
         reactor.state().sites().len(),
         if from_snapshot { "a snapshot and " } else { "" },
-        replayed + late.len(),
+        replayed + records_in(&late),
         batches,
         load_ms + taking_over.elapsed().as_millis()
     );
@@ -411,6 +414,10 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
     tracing::info!("broker stopping; handing the lease back");
     lease.release().await;
     Ok(())
+}
+
+fn records_in(batches: &[meridian_core::durable::Batch]) -> usize {
+    batches.iter().map(|b| b.records.len()).sum()
 }
 
 /// Retries a start-up step for a minute: a NATS cluster that has just started may not have elected its
@@ -632,6 +639,7 @@ fn answer(reactor: &Reactor<BufferJournal>, q: Query) -> Answer {
         ),
         Query::Explain(id) => Answer::Explain(st.jobs().get(&id).map(views::explain_view)),
         Query::Sites => Answer::Sites(st.sites().values().map(views::site_view).collect()),
+        Query::Format => Answer::Format(st.format()),
         Query::Tenancy => Answer::Tenancy(st.tenancy_toml().map(str::to_owned)),
         Query::Report(req) => {
             Answer::Report(meridian_core::ledger::report(st.jobs().values(), &req))

@@ -153,7 +153,24 @@ pub fn check(fed: &SimFederation, jobs: &[SimJob], schedule: &[ScheduleEntry]) -
         let milli = given as f64 / 1000.0;
         let hours = (e.end_ms - e.start_ms) as f64 / HOUR_MS as f64;
         let power_kw = f64::from(pool.power_watts) / 1000.0;
-        out.cost_usd += pool.price_micro_usd_per_hour as f64 / 1e6 * milli * hours;
+        let cost_usd = pool.price_micro_usd_per_hour as f64 / 1e6 * milli * hours;
+        out.cost_usd += cost_usd;
+        // The broker's metering of the attempt must agree with the site file (to its integer rounding).
+        let energy_wh = power_kw * milli * site.file.pue * hours * 1000.0;
+        let off = |metered: u64, want: f64| (metered as f64 - want).abs() > 1.0 + want * 1e-6;
+        if off(e.metered.cost_micro_usd, cost_usd * 1e6) {
+            bad(format!(
+                "metered {} micro-USD, the site's price gives {:.0}",
+                e.metered.cost_micro_usd,
+                cost_usd * 1e6
+            ));
+        }
+        if off(e.metered.energy_wh, energy_wh) {
+            bad(format!(
+                "metered {} Wh, the site's power and PUE give {energy_wh:.0}",
+                e.metered.energy_wh
+            ));
+        }
         out.device_hours += milli * hours;
         if site.file.tier == Tier::Cloud {
             out.cloud_device_hours += milli * hours;
@@ -253,5 +270,106 @@ fn fragmentation(fed: &SimFederation, usage: &Usage) -> f64 {
         0.0
     } else {
         sum / samples as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The checker must catch what it is there to catch: a correct schedule passes, and each kind of wrong
+    //! schedule (or wrong request) is reported.
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use crate::sim::engine::{run, Ranking};
+    use meridian_federation::{AcceleratorKind, JobSpec, Policy, Resources, TenantId};
+
+    const START: Millis = super::super::federation::SERIES_EPOCH_MS;
+
+    fn federation() -> SimFederation {
+        let path = crate::local::workspace_root().join("configs/sim/federation.toml");
+        SimFederation::load(&path).unwrap()
+    }
+
+    /// Twelve one-GPU batch jobs of an hour, all arriving at the start.
+    fn jobs() -> Vec<SimJob> {
+        (0..12)
+            .map(|i| {
+                let mut spec = JobSpec::new(
+                    TenantId::new("team").unwrap(),
+                    format!("k{i}"),
+                    JobKind::Batch,
+                    Resources::whole(AcceleratorKind::Gpu, 1),
+                    "true",
+                );
+                spec.duration_s = Some(3600);
+                spec.max_wait_s = 600;
+                SimJob {
+                    spec,
+                    arrival_ms: START,
+                    reference_ms: HOUR_MS,
+                    fixed_runtime: false,
+                }
+            })
+            .collect()
+    }
+
+    fn schedule(fed: &SimFederation, jobs: &[SimJob]) -> Vec<ScheduleEntry> {
+        let out = run(fed, jobs, &Ranking::Policy(Policy::Cost), START, None).unwrap();
+        assert_eq!(out.schedule.len(), jobs.len());
+        out.schedule
+    }
+
+    fn found(c: &Checked, what: &str) -> bool {
+        c.violations.iter().any(|v| v.contains(what))
+    }
+
+    #[test]
+    fn a_correct_schedule_passes_and_each_kind_of_wrong_one_is_caught() {
+        let fed = federation();
+        let jobs = jobs();
+        let good = schedule(&fed, &jobs);
+        let ok = check(&fed, &jobs, &good);
+        assert!(ok.violations.is_empty(), "{:?}", ok.violations);
+
+        // An over-committed device: a second attempt put on a device another holds at the same time.
+        let mut s = good.clone();
+        let (a, b) = (0..s.len())
+            .flat_map(|i| (0..s.len()).map(move |j| (i, j)))
+            .find(|(i, j)| i != j && s[*i].site == s[*j].site && s[*i].pool == s[*j].pool)
+            .expect("two attempts on one pool");
+        s[b].devices = s[a].devices.clone();
+        assert!(found(&check(&fed, &jobs, &s), "milli at"), "over-commit");
+
+        // A job run twice.
+        let mut s = good.clone();
+        let mut again = s[0].clone();
+        again.start_ms = s[0].end_ms + HOUR_MS;
+        again.end_ms = again.start_ms + (s[0].end_ms - s[0].start_ms);
+        s.push(again);
+        assert!(
+            found(&check(&fed, &jobs, &s), "completed 2 times"),
+            "run twice"
+        );
+
+        // A residency breach: the job asked for the EU and ran in the US.
+        let mut j = jobs.clone();
+        j[good[0].job].spec.constraints.residency = Some("eu".into());
+        assert!(
+            found(&check(&fed, &j, &good), "outside residency eu"),
+            "residency"
+        );
+
+        // A model constraint broken.
+        let mut j = jobs.clone();
+        j[good[0].job].spec.resources.models = vec!["V100".into()];
+        assert!(found(&check(&fed, &j, &good), "not allowed"), "model");
+
+        // A wrong total: the attempt metered at another price than the site's.
+        let mut s = good.clone();
+        s[0].metered.cost_micro_usd += 10_000;
+        assert!(found(&check(&fed, &jobs, &s), "micro-USD"), "cost");
+        let mut s = good;
+        s[0].metered.energy_wh += 5;
+        assert!(found(&check(&fed, &jobs, &s), "Wh"), "energy");
     }
 }

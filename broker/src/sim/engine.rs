@@ -54,6 +54,8 @@ pub struct ScheduleEntry {
     pub end_ms: Millis,
     /// Stopped before its end (preempted to give quota back); the job ran again later.
     pub stopped: bool,
+    /// What the broker metered for the attempt when it ended (the checker recomputes cost and energy).
+    pub metered: meridian_federation::Amounts,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -308,6 +310,7 @@ impl Sim<'_> {
                     start_ms: now,
                     end_ms: now + runtime,
                     stopped: false,
+                    metered: Default::default(),
                 });
                 self.push(
                     now + runtime,
@@ -389,6 +392,14 @@ impl Sim<'_> {
                 checkpoint: None,
             }),
         )?;
+        if let Some(run) = self
+            .reactor
+            .state()
+            .job(job)
+            .and_then(|j| j.runs.iter().find(|r| r.attempt == attempt))
+        {
+            self.out.schedule[entry].metered = run.amounts;
+        }
         Ok(())
     }
 }

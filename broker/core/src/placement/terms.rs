@@ -82,8 +82,8 @@ impl PerTerm {
     }
 }
 
-/// The score terms of one candidate.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+/// The score terms of one candidate. Equal when every term is (a score not yet computed, NaN, equals another).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Terms {
     pub cost_micro_usd: u64,
     pub energy_wh: u64,
@@ -93,6 +93,17 @@ pub struct Terms {
     /// Weighted normalised score (lower is better); NaN until normalised (stored as null).
     #[serde(with = "crate::nan_as_null")]
     pub score: f64,
+}
+
+impl PartialEq for Terms {
+    fn eq(&self, other: &Self) -> bool {
+        self.cost_micro_usd == other.cost_micro_usd
+            && self.energy_wh == other.energy_wh
+            && self.co2_g == other.co2_g
+            && self.latency_ms == other.latency_ms
+            && self.data_bytes_moved == other.data_bytes_moved
+            && (self.score == other.score || (self.score.is_nan() && other.score.is_nan()))
+    }
 }
 
 impl Terms {

@@ -43,8 +43,25 @@ pub enum Event {
     /// connection was down): offers still unanswered get their full timeout again from now, since their answers
     /// may have been waiting unheard; and site liveness starts afresh.
     Resume,
-    /// Time passed: loss of sites, offer timeouts, burst timers.
+    /// Time passed. From format 2: the retry and burst timers of waiting jobs; sites lost and offers given up
+    /// are decided before it, from liveness, and journaled as [`Event::SiteLost`] and [`Event::OfferExpired`].
+    /// In format 1 the tick itself judged them, again on replay, from liveness that replay does not have.
     Tick,
+    /// The live broker declared a site lost: no heartbeat for the loss timeout. Decided from liveness (soft
+    /// state, not journaled), so journaled as a decision that replay applies and never re-decides. (Format 2.)
+    SiteLost {
+        site: SiteId,
+    },
+    /// The live broker gave up an offer that was not answered within the offer timeout. (Format 2.)
+    OfferExpired {
+        job: JobId,
+        attempt: u32,
+    },
+    /// Write the journal in durable format `to` from now on: an operator's explicit upgrade, once no broker of
+    /// an earlier release needs to read it. (Format 2.)
+    UpgradeFormat {
+        to: u32,
+    },
 }
 
 /// A message for the shell to send.

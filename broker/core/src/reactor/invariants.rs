@@ -2,8 +2,8 @@
 
 use super::Reactor;
 use crate::journal::Journal;
-use meridian_federation::{JobPhase, SiteId};
-use std::collections::BTreeMap;
+use meridian_federation::{JobId, JobPhase, SiteId};
+use std::collections::{BTreeMap, BTreeSet};
 
 impl<J: Journal> Reactor<J> {
     /// Checks the invariants of broker state; returns the first one broken. Tests call it after every step.
@@ -94,15 +94,27 @@ impl<J: Journal> Reactor<J> {
         if let Some(((s, p, i), m)) = reserved.into_iter().next() {
             return Err(format!("jobs hold {m} milli of unknown device {s}/{p}/{i}"));
         }
-        if let Some(t) = &self.tenancy {
-            self.check_quota(t)?;
-        }
         Ok(())
     }
 
-    /// No queue beyond its quota plus its borrowing limit; no cohort beyond the sum of its quotas.
-    pub(super) fn check_quota(&self, t: &crate::quota::Tenancy) -> Result<(), String> {
-        let used = crate::quota::usage(&self.holdings(t));
+    /// Every quota limit in force with what is held against it: queues (quota plus borrowing limit), cohorts
+    /// (the sum of their quotas) and per-site caps. Usage may stand above a limit after an administrator
+    /// lowered it (running work is not evicted for that); admission never takes it higher, which
+    /// [`Reactor::check_quota_step`] checks across a step.
+    pub fn quota_limits(&self) -> Vec<QuotaLimit> {
+        let Some(t) = &self.tenancy else {
+            return Vec::new();
+        };
+        let holdings = self.holdings(t);
+        let used = crate::quota::usage(&holdings);
+        let holders = |f: &dyn Fn(&crate::quota::Holding) -> bool| -> Vec<JobId> {
+            holdings
+                .iter()
+                .filter(|h| f(h))
+                .map(|h| h.job.clone())
+                .collect()
+        };
+        let mut out = Vec::new();
         let mut cohorts: BTreeMap<(String, String), (u64, u64)> = BTreeMap::new();
         for q in t.queues.values() {
             for (class, nominal) in &q.nominal {
@@ -111,12 +123,12 @@ impl<J: Journal> Reactor<J> {
                     .copied()
                     .unwrap_or(0);
                 if let Some(limit) = q.borrowing_limit.get(class) {
-                    if u > nominal + limit {
-                        return Err(format!(
-                            "queue {} uses {u} milli of {class}: over its quota {nominal} plus borrowing limit {limit}",
-                            q.name
-                        ));
-                    }
+                    out.push(QuotaLimit {
+                        what: format!("queue {} (quota plus borrowing limit) of {class}", q.name),
+                        used: u,
+                        limit: nominal + limit,
+                        jobs: holders(&|h| h.queue == q.name && h.usage.contains_key(class)),
+                    });
                 }
                 let key = (
                     q.cohort.clone().unwrap_or_else(|| q.name.clone()),
@@ -126,9 +138,6 @@ impl<J: Journal> Reactor<J> {
                 e.0 += u;
                 e.1 += nominal;
             }
-        }
-        let holdings = self.holdings(t);
-        for q in t.queues.values() {
             for (site, caps) in &q.site_caps {
                 for (class, cap) in caps {
                     let u: u64 = holdings
@@ -136,22 +145,68 @@ impl<J: Journal> Reactor<J> {
                         .filter(|h| h.queue == q.name && &h.site == site)
                         .filter_map(|h| h.usage.get(class))
                         .sum();
-                    if u > *cap {
-                        return Err(format!(
-                            "queue {} holds {u} milli of {class} at {site}, over its cap {cap}",
-                            q.name
-                        ));
-                    }
+                    out.push(QuotaLimit {
+                        what: format!("queue {} at {site} (its cap) of {class}", q.name),
+                        used: u,
+                        limit: *cap,
+                        jobs: holders(&|h| {
+                            h.queue == q.name && &h.site == site && h.usage.contains_key(class)
+                        }),
+                    });
                 }
             }
         }
         for ((cohort, class), (u, n)) in cohorts {
-            if u > n {
-                return Err(format!(
-                    "cohort {cohort} uses {u} milli of {class}, over its quota {n}"
-                ));
+            let members: Vec<&str> = t
+                .queues
+                .values()
+                .filter(|q| q.cohort.as_deref().unwrap_or(&q.name) == cohort)
+                .map(|q| q.name.as_str())
+                .collect();
+            out.push(QuotaLimit {
+                what: format!("cohort {cohort} (the sum of its quotas) of {class}"),
+                used: u,
+                limit: n,
+                jobs: holders(&|h| {
+                    members.contains(&h.queue.as_str()) && h.usage.contains_key(&class)
+                }),
+            });
+        }
+        out
+    }
+
+    /// Checks a step against quota: no job that did not hold devices before the step (`before`, from
+    /// [`Self::holders`]) holds them under a limit that stands exceeded after it. Tests call it around every step.
+    pub fn check_quota_step(&self, before: &BTreeSet<JobId>) -> Result<(), String> {
+        for l in self.quota_limits() {
+            if l.used > l.limit {
+                if let Some(new) = l.jobs.iter().find(|j| !before.contains(*j)) {
+                    return Err(format!(
+                        "{new} was admitted into {}, which holds {} milli, over its limit {}",
+                        l.what, l.used, l.limit
+                    ));
+                }
             }
         }
         Ok(())
     }
+
+    /// The jobs holding devices now.
+    pub fn holders(&self) -> BTreeSet<JobId> {
+        self.state
+            .active_jobs()
+            .filter(|j| j.holds_devices())
+            .map(|j| j.id.clone())
+            .collect()
+    }
+}
+
+/// One quota limit and what is held against it, in milli-devices.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QuotaLimit {
+    pub what: String,
+    pub used: u64,
+    pub limit: u64,
+    /// The jobs holding devices under it.
+    pub jobs: Vec<JobId>,
 }

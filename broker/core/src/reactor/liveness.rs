@@ -1,6 +1,6 @@
 //! Liveness: adverts and heartbeats, sites lost, offers that time out, and the clock's tick.
 
-use super::Reactor;
+use super::{Event, Reactor};
 use crate::journal::Journal;
 use crate::model::Site;
 use crate::Millis;
@@ -9,34 +9,59 @@ use meridian_federation::{AttemptRef, Heartbeat, JobId, JobPhase, SiteAdvert, Si
 impl<J: Journal> Reactor<J> {
     /// After a replay, liveness starts afresh: every known site counts as seen now, and is declared lost only if
     /// its heartbeats stay away for the loss timeout from here.
-    pub fn resume(&mut self, now: Millis) {
+    pub(super) fn resume(&mut self, now: Millis) {
         for s in self.state.sites.values_mut() {
             s.last_seen_ms = now;
         }
     }
 
+    /// Whether a tick would change durable state: a waiting job's timer is due, capacity changed since waiting
+    /// jobs were last tried, or (format 1, where the tick judged them) a site or an offer timed out.
     pub(super) fn tick_due(&self, now: Millis) -> bool {
-        let lost =
-            self.state.sites.values().any(|s| {
-                s.up && now.saturating_sub(s.last_seen_ms) > self.config.site_lost_after_ms
-            });
         let jobs = |set: &'_ std::collections::BTreeSet<JobId>| {
             set.iter()
                 .filter_map(|id| self.state.jobs.get(id))
                 .collect::<Vec<_>>()
         };
-        let timed_out = jobs(&self.state.offered).into_iter().any(|j| {
-            j.phase == JobPhase::Offered
-                && j.offered_ms
-                    .is_some_and(|t| now.saturating_sub(t) > self.config.offer_timeout_ms)
-        });
         let retry = jobs(&self.state.pending).into_iter().any(|j| {
             j.phase == JobPhase::Pending
                 && (self.state.dirty
                     || j.retry_at_ms.is_some_and(|t| t <= now)
                     || j.refused_until.iter().any(|(_, u)| *u <= now))
         });
-        lost || timed_out || retry
+        retry
+            || (self.state.format() < super::JOURNALED_DECISIONS
+                && !self.due_decisions(now).is_empty())
+    }
+
+    /// What liveness decides at `now`: sites whose heartbeats stopped for the loss timeout, and offers not
+    /// answered within the offer timeout.
+    pub(super) fn due_decisions(&self, now: Millis) -> Vec<Event> {
+        let mut out: Vec<Event> = self
+            .state
+            .sites
+            .values()
+            .filter(|s| s.up && now.saturating_sub(s.last_seen_ms) > self.config.site_lost_after_ms)
+            .map(|s| Event::SiteLost {
+                site: s.id().clone(),
+            })
+            .collect();
+        out.extend(
+            self.state
+                .offered
+                .iter()
+                .filter_map(|id| self.state.jobs.get(id))
+                .filter(|j| {
+                    j.phase == JobPhase::Offered
+                        && j.offered_ms
+                            .is_some_and(|t| now.saturating_sub(t) > self.config.offer_timeout_ms)
+                })
+                .map(|j| Event::OfferExpired {
+                    job: j.id.clone(),
+                    attempt: j.attempt,
+                }),
+        );
+        out
     }
 
     pub(super) fn on_advert(&mut self, now: Millis, a: SiteAdvert) {
@@ -99,7 +124,8 @@ impl<J: Journal> Reactor<J> {
         }
     }
 
-    pub(super) fn on_tick(&mut self, now: Millis) {
+    /// Keeps the scan sets of live jobs small: finished jobs leave the active set, past offers the offered set.
+    fn prune(&mut self) {
         let jobs = &self.state.jobs;
         if self.state.active.len() > self.state.active_prune_at {
             self.state
@@ -110,38 +136,42 @@ impl<J: Journal> Reactor<J> {
         self.state
             .offered
             .retain(|id| jobs.get(id).is_some_and(|j| j.phase == JobPhase::Offered));
-        let lost: Vec<SiteId> = self
-            .state
-            .sites
-            .values()
-            .filter(|s| s.up && now.saturating_sub(s.last_seen_ms) > self.config.site_lost_after_ms)
-            .map(|s| s.id().clone())
-            .collect();
-        for site in lost {
-            self.on_site_lost(now, &site);
-        }
-        let timed_out: Vec<(JobId, SiteId)> = self
-            .state
-            .offered
-            .iter()
-            .filter_map(|id| self.state.jobs.get(id))
-            .filter(|j| {
-                j.phase == JobPhase::Offered
-                    && j.offered_ms
-                        .is_some_and(|t| now.saturating_sub(t) > self.config.offer_timeout_ms)
-            })
-            .filter_map(|j| {
-                j.assignment
-                    .as_ref()
-                    .map(|a| (j.id.clone(), a.site.clone()))
-            })
-            .collect();
-        for (job, site) in timed_out {
-            let attempt = self.state.jobs.get(&job).map(|j| j.attempt).unwrap_or(0);
-            self.cancel_attempt(site.clone(), job.clone(), attempt, "offer timed out");
-            self.refuse(now, &job, &site, &format!("offer to {site} timed out"));
+    }
+
+    /// A tick from format 2: waiting jobs whose timers are due are tried (sites lost and offers given up came
+    /// before it as decisions of their own).
+    pub(super) fn on_timers(&mut self, now: Millis) {
+        self.prune();
+        self.try_pending(now);
+    }
+
+    /// A tick of format 1, which judged lost sites and timed-out offers itself (kept to replay format 1
+    /// journals as their broker did, and to run as that broker does until the format is upgraded).
+    pub(super) fn on_tick_format_1(&mut self, now: Millis) {
+        self.prune();
+        for decision in self.due_decisions(now) {
+            match decision {
+                Event::SiteLost { site } => self.on_site_lost(now, &site),
+                Event::OfferExpired { job, attempt } => self.on_offer_expired(now, &job, attempt),
+                _ => {}
+            }
         }
         self.try_pending(now);
+    }
+
+    /// Gives up an unanswered offer: the site is told to drop it and skipped for a while, and the job waits again.
+    pub(super) fn on_offer_expired(&mut self, now: Millis, job: &JobId, attempt: u32) {
+        let site = match self.state.jobs.get(job) {
+            Some(j) if j.phase == JobPhase::Offered && j.attempt == attempt => {
+                match j.assignment.as_ref() {
+                    Some(a) => a.site.clone(),
+                    None => return,
+                }
+            }
+            _ => return,
+        };
+        self.cancel_attempt(site.clone(), job.clone(), attempt, "offer timed out");
+        self.refuse(now, job, &site, &format!("offer to {site} timed out"));
     }
 
     pub(super) fn on_site_lost(&mut self, now: Millis, site: &SiteId) {

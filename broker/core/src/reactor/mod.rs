@@ -11,8 +11,13 @@ mod state;
 mod tenancy;
 
 pub use events::{Command, Event, Response, StepError};
+pub use invariants::QuotaLimit;
 pub use state::State;
 
+/// The first durable format in which decisions made from liveness are journaled (see [`Event::SiteLost`]).
+pub const JOURNALED_DECISIONS: u32 = 2;
+
+use crate::durable::{Batch, FORMAT_VERSION};
 use crate::journal::{Journal, Record};
 use crate::latency::RttTable;
 use crate::placement;
@@ -66,7 +71,10 @@ pub struct Reactor<J: Journal> {
 impl<J: Journal> Reactor<J> {
     pub fn new(config: CoreConfig, rtt: RttTable, regions: Regions, journal: J) -> Self {
         Reactor {
-            state: State::default(),
+            state: State {
+                format: FORMAT_VERSION,
+                ..State::default()
+            },
             config,
             rtt,
             regions,
@@ -134,6 +142,16 @@ impl<J: Journal> Reactor<J> {
     /// Applies one event at time `now`.
     pub fn step(&mut self, now: Millis, event: Event) -> Result<Response, StepError> {
         self.check(now, &event)?;
+        if matches!(event, Event::Tick) && self.state.format() >= JOURNALED_DECISIONS {
+            // What liveness decides is journaled as decisions of their own, before the tick.
+            for decision in self.due_decisions(now) {
+                self.record_and_apply(now, decision)?;
+            }
+        }
+        self.record_and_apply(now, event)
+    }
+
+    fn record_and_apply(&mut self, now: Millis, event: Event) -> Result<Response, StepError> {
         if self.is_durable(now, &event) {
             self.journal.append(&Record {
                 at_ms: now,
@@ -141,6 +159,14 @@ impl<J: Journal> Reactor<J> {
             })?;
         }
         Ok(self.apply(now, event))
+    }
+
+    /// Rebuilds state from the journal's batches, each applied in its own format.
+    pub fn replay_batches<'b>(&mut self, batches: impl IntoIterator<Item = &'b Batch>) {
+        for b in batches {
+            self.state.format = b.format;
+            self.replay(&b.records);
+        }
     }
 
     /// Rebuilds state from journal records (the messages they would send are dropped).
@@ -220,6 +246,12 @@ impl<J: Journal> Reactor<J> {
                 .ok_or_else(|| StepError::NotFound {
                     what: format!("site {site}"),
                 }),
+            Event::UpgradeFormat { to } if *to > FORMAT_VERSION => Err(StepError::Invalid {
+                field: "format".into(),
+                problem: format!(
+                    "this broker knows durable formats up to {FORMAT_VERSION}, not {to}"
+                ),
+            }),
             Event::SetTenancy { toml, .. } => crate::quota::Tenancy::from_toml(toml)
                 .map(|_| ())
                 .map_err(|problem| StepError::Invalid {
@@ -241,6 +273,13 @@ impl<J: Journal> Reactor<J> {
                 .get(&a.site.id)
                 .is_some_and(|s| s.up && s.generation == a.generation && s.info == a.site),
             Event::Tick => self.tick_due(now),
+            Event::SiteLost { site } => self.state.sites.get(site).is_some_and(|s| s.up),
+            Event::UpgradeFormat { to } => *to > self.state.format(),
+            Event::OfferExpired { job, attempt } => self
+                .state
+                .jobs
+                .get(job)
+                .is_some_and(|j| j.phase == JobPhase::Offered && j.attempt == *attempt),
             Event::Submit(spec) => !self
                 .state
                 .by_key
@@ -286,7 +325,25 @@ impl<J: Journal> Reactor<J> {
                 Response::Site(site)
             }
             Event::Tick => {
-                self.on_tick(now);
+                if self.state.format() >= JOURNALED_DECISIONS {
+                    self.on_timers(now);
+                } else {
+                    self.on_tick_format_1(now);
+                }
+                Response::Done
+            }
+            Event::SiteLost { site } => {
+                if self.state.sites.get(&site).is_some_and(|s| s.up) {
+                    self.on_site_lost(now, &site);
+                }
+                Response::Site(site)
+            }
+            Event::OfferExpired { job, attempt } => {
+                self.on_offer_expired(now, &job, attempt);
+                Response::Job(job)
+            }
+            Event::UpgradeFormat { to } => {
+                self.state.format = self.state.format().max(to);
                 Response::Done
             }
             Event::Resume => {
@@ -349,7 +406,7 @@ impl<J: Journal> Reactor<J> {
         let mut st = State {
             format: snap.format,
             next_job: snap.next_job,
-            dirty: true,
+            dirty: snap.dirty,
             tenancy_file_toml: snap.tenancy_file_toml,
             ..State::default()
         };

@@ -31,6 +31,11 @@ impl<J: Journal> Reactor<J> {
             })
             .map(|j| j.id.clone())
             .collect();
+        if due.is_empty() {
+            // Nothing waits: whether capacity changed stays as it was (so a tick that is not journaled changes
+            // nothing that replay would not).
+            return;
+        }
         self.state.dirty = false;
         let mut due = due;
         if let Some(t) = &self.tenancy {
@@ -101,24 +106,30 @@ impl<J: Journal> Reactor<J> {
                 .map(|((_, kind), u)| u / capacity.get(kind).copied().unwrap_or(f64::INFINITY))
                 .fold(0.0f64, f64::max)
         };
-        let key = |id: &JobId| {
-            let job = self.state.jobs.get(id)?;
-            let q = t
-                .queue_of(&job.spec.tenant, job.spec.queue.as_deref())
-                .ok()?;
+        // A total order: jobs whose queue no longer exists (an administrator removed it) go last, by id.
+        type Key = (bool, f64, std::cmp::Reverse<i32>);
+        let key = |id: &JobId| -> Key {
+            let Some(job) = self.state.jobs.get(id) else {
+                return (true, 0.0, std::cmp::Reverse(0));
+            };
+            let Ok(q) = t.queue_of(&job.spec.tenant, job.spec.queue.as_deref()) else {
+                return (true, 0.0, std::cmp::Reverse(0));
+            };
             let p = t
                 .priority_of(job.spec.priority.as_deref())
                 .unwrap_or(t.default_priority);
-            Some((dominant(&q.name), std::cmp::Reverse(p)))
+            (false, dominant(&q.name), std::cmp::Reverse(p))
         };
-        due.sort_by(|a, b| {
-            let (ka, kb) = (key(a), key(b));
-            match (ka, kb) {
-                (Some((da, pa)), Some((db, pb))) => da.total_cmp(&db).then(pa.cmp(&pb)),
-                _ => std::cmp::Ordering::Equal,
-            }
-            .then_with(|| a.cmp(b))
+        let mut keyed: Vec<(Key, JobId)> = due.iter().map(|id| (key(id), id.clone())).collect();
+        keyed.sort_by(|(ka, a), (kb, b)| {
+            ka.0.cmp(&kb.0)
+                .then(ka.1.total_cmp(&kb.1))
+                .then(ka.2.cmp(&kb.2))
+                .then_with(|| a.cmp(b))
         });
+        for (slot, (_, id)) in due.iter_mut().zip(keyed) {
+            *slot = id;
+        }
     }
 
     /// Places one pending job: reserves devices and sends an offer, or records why it waits.

@@ -45,8 +45,14 @@ impl<J: Journal> Reactor<J> {
         let (Some(t), Some(job)) = (&self.tenancy, self.state.jobs.get(id)) else {
             return Admission::Admit;
         };
-        let Ok(queue) = t.queue_of(&job.spec.tenant, job.spec.queue.as_deref()) else {
-            return Admission::Admit;
+        let queue = match t.queue_of(&job.spec.tenant, job.spec.queue.as_deref()) {
+            Ok(q) => q,
+            // Its queue was removed after it was submitted: it waits for one rather than run outside quota.
+            Err(why) => {
+                return Admission::Wait(format!(
+                    "waits for a queue: {why} (the tenancy changed after it was submitted)"
+                ))
+            }
         };
         let priority = t
             .priority_of(job.spec.priority.as_deref())

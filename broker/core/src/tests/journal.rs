@@ -2,6 +2,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use super::*;
+use crate::journal::MemoryJournal;
+use crate::reactor::{CoreConfig, Reactor};
 
 /// Six jobs submitted, one run to the end, one refused, then a site loss: a journal with some of everything.
 pub(super) fn journaled_scenario() -> TestEnv {
@@ -23,7 +25,7 @@ pub(super) fn journaled_scenario() -> TestEnv {
 }
 
 #[test]
-pub(super) fn replaying_the_journal_rebuilds_the_same_state() {
+fn replaying_the_journal_rebuilds_the_same_state() {
     let env = journaled_scenario();
     let mut fresh = crate::reactor::Reactor::new(
         env.reactor.config().clone(),
@@ -37,7 +39,7 @@ pub(super) fn replaying_the_journal_rebuilds_the_same_state() {
 }
 
 #[test]
-pub(super) fn a_snapshot_plus_the_records_after_it_rebuilds_the_same_state_from_any_point() {
+fn a_snapshot_plus_the_records_after_it_rebuilds_the_same_state_from_any_point() {
     let env = journaled_scenario();
     let records = &env.reactor.journal().records;
     let fresh = || {
@@ -69,7 +71,7 @@ pub(super) fn a_snapshot_plus_the_records_after_it_rebuilds_the_same_state_from_
 }
 
 #[test]
-pub(super) fn after_a_resume_an_unanswered_offer_gets_its_full_timeout_again() {
+fn after_a_resume_an_unanswered_offer_gets_its_full_timeout_again() {
     let mut env = TestEnv::new(trio());
     let id = env.submit(job("k", 1));
     let offers = env.take_offers();
@@ -101,5 +103,33 @@ pub(super) fn after_a_resume_an_unanswered_offer_gets_its_full_timeout_again() {
         other.reactor.state().jobs[&id].attempt,
         2,
         "timed out and offered again elsewhere"
+    );
+}
+
+/// Whether capacity changed since waiting jobs were last tried is part of a snapshot: restored without it,
+/// the next tick retried every waiting job at a moment the live broker did not, and the two diverged.
+#[test]
+fn a_snapshot_keeps_whether_waiting_jobs_are_due_a_retry() {
+    let mut env = TestEnv::new(trio());
+    for i in 0..6 {
+        env.submit(job(&format!("w{i}"), 8));
+    }
+    env.advance(1_000);
+    let live = env.reactor.state().snapshot(0, env.now);
+    assert!(!live.dirty, "the waiting jobs were just tried");
+    let json = crate::durable::encode_snapshot(&live).unwrap();
+    let back = crate::durable::decode_snapshot(&json).unwrap();
+    assert!(!back.dirty);
+    let mut restored = Reactor::new(
+        CoreConfig::default(),
+        RttTable::default(),
+        regions(),
+        MemoryJournal::default(),
+    );
+    restored.restore(back);
+    restored.step(env.now + 1, Event::Tick).unwrap();
+    assert!(
+        restored.journal().records.is_empty(),
+        "a tick with nothing due is not journaled after a restore either"
     );
 }

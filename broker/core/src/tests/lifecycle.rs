@@ -4,7 +4,7 @@
 use super::*;
 
 #[test]
-pub(super) fn submit_offer_accept_run_succeed() {
+fn submit_offer_accept_run_succeed() {
     let mut env = TestEnv::new(trio());
     let id = env.submit(job("k1", 2));
     let offers = env.take_offers();
@@ -38,7 +38,7 @@ pub(super) fn job_metered(env: &TestEnv, id: &JobId) -> Amounts {
 }
 
 #[test]
-pub(super) fn a_refusal_moves_the_job_to_the_next_site() {
+fn a_refusal_moves_the_job_to_the_next_site() {
     let mut env = TestEnv::new(trio());
     let id = env.submit(job("k1", 1));
     let first = env.take_offers().remove(0);
@@ -55,7 +55,7 @@ pub(super) fn a_refusal_moves_the_job_to_the_next_site() {
 }
 
 #[test]
-pub(super) fn an_unanswered_offer_times_out_and_is_withdrawn() {
+fn an_unanswered_offer_times_out_and_is_withdrawn() {
     let mut env = TestEnv::new(trio());
     env.submit(job("k1", 1));
     let first = env.take_offers().remove(0);
@@ -76,7 +76,7 @@ pub(super) fn an_unanswered_offer_times_out_and_is_withdrawn() {
 }
 
 #[test]
-pub(super) fn a_lost_site_requeues_its_jobs_elsewhere() {
+fn a_lost_site_requeues_its_jobs_elsewhere() {
     let mut env = TestEnv::new(trio());
     let id = env.submit(job("k1", 1));
     let first = env.take_offers().remove(0);
@@ -103,7 +103,7 @@ pub(super) fn a_lost_site_requeues_its_jobs_elsewhere() {
 }
 
 #[test]
-pub(super) fn an_interrupted_attempt_is_requeued_to_another_site() {
+fn an_interrupted_attempt_is_requeued_to_another_site() {
     let mut env = TestEnv::new(trio());
     let id = env.submit(job("k1", 1));
     let first = env.take_offers().remove(0);
@@ -122,7 +122,7 @@ pub(super) fn an_interrupted_attempt_is_requeued_to_another_site() {
 }
 
 #[test]
-pub(super) fn cancel_pending_and_running_jobs() {
+fn cancel_pending_and_running_jobs() {
     let mut env = TestEnv::new(vec![site("s", Tier::Owned, 0.0, 0.0)
         .gpus("A100", 1, 1.0)
         .build()]);
@@ -146,7 +146,7 @@ pub(super) fn cancel_pending_and_running_jobs() {
 }
 
 #[test]
-pub(super) fn scale_in_gives_back_cloud_replicas_first() {
+fn scale_in_gives_back_cloud_replicas_first() {
     let mut env = TestEnv::new(vec![
         site("owned", Tier::Owned, 0.0, 0.0)
             .gpus("A100", 2, 1.0)
@@ -217,7 +217,7 @@ pub(super) fn scale_in_gives_back_cloud_replicas_first() {
 }
 
 #[test]
-pub(super) fn resubmission_with_the_same_key_returns_the_first_job() {
+fn resubmission_with_the_same_key_returns_the_first_job() {
     let mut env = TestEnv::new(trio());
     let first = env.submit(job("same", 1));
     match env.step(Event::Submit(job("same", 1))) {
@@ -236,7 +236,7 @@ pub(super) fn resubmission_with_the_same_key_returns_the_first_job() {
 }
 
 #[test]
-pub(super) fn drained_sites_get_no_new_work() {
+fn drained_sites_get_no_new_work() {
     let mut env = TestEnv::new(trio());
     env.step(Event::Drain {
         site: SiteId::new("a-cheap").unwrap_or_else(|e| panic!("{e}")),
@@ -249,7 +249,7 @@ pub(super) fn drained_sites_get_no_new_work() {
 }
 
 #[test]
-pub(super) fn waiting_jobs_start_when_capacity_frees() {
+fn waiting_jobs_start_when_capacity_frees() {
     let mut env = TestEnv::new(vec![site("s", Tier::Owned, 0.0, 0.0)
         .gpus("A100", 1, 1.0)
         .build()]);
@@ -270,7 +270,7 @@ pub(super) fn waiting_jobs_start_when_capacity_frees() {
 }
 
 #[test]
-pub(super) fn unknown_residency_is_refused_before_the_journal() {
+fn unknown_residency_is_refused_before_the_journal() {
     let mut env = TestEnv::new(trio());
     let before = env.reactor.journal().records.len();
     let mut spec = job("k", 1);

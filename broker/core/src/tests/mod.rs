@@ -2,9 +2,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod journal;
+mod ledger;
 mod lifecycle;
 mod oracle;
 mod placement;
+mod random;
 mod tenancy;
 
 use crate::latency::RttTable;

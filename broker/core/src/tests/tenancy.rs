@@ -2,6 +2,7 @@
 //! every step by the test environment's sanity check).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use super::ledger::cheap_job;
 use super::*;
 
 pub(super) const COHORT: &str = r#"
@@ -56,7 +57,7 @@ pub(super) fn count(env: &TestEnv, tenant: &str, phase: JobPhase) -> usize {
 }
 
 #[test]
-pub(super) fn a_lender_reclaims_its_quota_from_the_borrower_not_from_the_borrowers_own_share() {
+fn a_lender_reclaims_its_quota_from_the_borrower_not_from_the_borrowers_own_share() {
     let mut env = TestEnv::new(trio());
     env.set_tenancy(COHORT);
     // Team A borrows B's idle 8 GPUs: 16 run (the federation has 24 GPUs; the cohort's quota is 16).
@@ -148,7 +149,7 @@ pub(super) fn a_lender_reclaims_its_quota_from_the_borrower_not_from_the_borrowe
 }
 
 #[test]
-pub(super) fn a_higher_priority_job_preempts_lower_priority_work_of_its_own_queue_at_quota() {
+fn a_higher_priority_job_preempts_lower_priority_work_of_its_own_queue_at_quota() {
     let mut env = TestEnv::new(trio());
     let t = COHORT.replace("cohort = \"research\"\n", "");
     env.set_tenancy(&t);
@@ -186,7 +187,7 @@ pub(super) fn a_higher_priority_job_preempts_lower_priority_work_of_its_own_queu
 }
 
 #[test]
-pub(super) fn borrowing_stops_at_the_borrowing_limit_and_unknown_queues_are_refused() {
+fn borrowing_stops_at_the_borrowing_limit_and_unknown_queues_are_refused() {
     let t = COHORT.replace(
         "name = \"team-a\"\ntenant = \"team-a\"\ncohort = \"research\"\nquota = { \"gpu:*\" = 8 }",
         "name = \"team-a\"\ntenant = \"team-a\"\ncohort = \"research\"\nquota = { \"gpu:*\" = 8 }\nborrowing_limit = { \"gpu:*\" = 2 }",
@@ -230,7 +231,7 @@ pub(super) fn borrowing_stops_at_the_borrowing_limit_and_unknown_queues_are_refu
 }
 
 #[test]
-pub(super) fn tenancy_files_with_mistakes_are_refused_with_the_queue_named() {
+fn tenancy_files_with_mistakes_are_refused_with_the_queue_named() {
     for (text, want) in [
         (
             "[[queues]]\nname = \"q\"\ntenant = \"t\"\nquota = { \"gpu\" = 1 }",
@@ -260,169 +261,7 @@ pub(super) fn tenancy_files_with_mistakes_are_refused_with_the_queue_named() {
 }
 
 #[test]
-pub(super) fn the_report_adds_up_to_the_job_records_in_every_breakdown() {
-    let mut env = TestEnv::new(trio());
-    env.set_tenancy(COHORT);
-    for i in 0..16 {
-        env.submit(tenant_job("team-a", &format!("a{i}")));
-        run_all(&mut env);
-        env.advance(100);
-    }
-    // Team B takes back 3 GPUs: 3 of A's attempts are preempted; their ends are reported late and metered.
-    for i in 0..3 {
-        env.submit(tenant_job("team-b", &format!("b{i}")));
-        run_all(&mut env);
-    }
-    let cancels: Vec<(SiteId, CancelAttempt)> = env
-        .sent
-        .iter()
-        .filter_map(|c| match c {
-            Command::Cancel { site, cancel } => Some((site.clone(), cancel.clone())),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(
-        cancels.len(),
-        3,
-        "A running {}, B running {}, pending {:?}",
-        count(&env, "team-a", JobPhase::Running),
-        count(&env, "team-b", JobPhase::Running),
-        env.reactor
-            .state()
-            .jobs
-            .values()
-            .filter(|j| j.phase == JobPhase::Pending)
-            .map(|j| j.why.clone())
-            .collect::<Vec<_>>()
-    );
-    for (site, c) in &cancels {
-        env.step(Event::Status(JobStatus {
-            v: 1,
-            job: c.job.clone(),
-            attempt: c.attempt,
-            site: site.clone(),
-            state: AttemptState::Cancelled {
-                reason: c.reason.clone(),
-            },
-            at_ms: env.now,
-            started_at_ms: None,
-            runtime_ms: Some(600_000),
-            checkpoint: None,
-        }));
-    }
-    // Everything running ends after an hour.
-    env.now += 3_600_000;
-    let running: Vec<(JobId, u32, SiteId)> = env
-        .reactor
-        .state()
-        .jobs
-        .values()
-        .filter(|j| j.phase == JobPhase::Running)
-        .map(|j| {
-            (
-                j.id.clone(),
-                j.attempt,
-                j.assignment.as_ref().unwrap().site.clone(),
-            )
-        })
-        .collect();
-    for (job, attempt, site) in running {
-        env.step(Event::Status(JobStatus {
-            v: 1,
-            job,
-            attempt,
-            site,
-            state: AttemptState::Succeeded { exit_code: 0 },
-            at_ms: env.now,
-            started_at_ms: None,
-            runtime_ms: Some(3_600_000),
-            checkpoint: None,
-        }));
-    }
-    run_all(&mut env);
-
-    let r = crate::ledger::report(env.reactor.state().jobs.values(), &ReportRequest::default());
-    // An independent sum over the job records.
-    let (mut dev, mut cost, mut wh, mut g, mut attempts) = (0u64, 0u64, 0u64, 0u64, 0u64);
-    for j in env.reactor.state().jobs.values() {
-        for run in &j.runs {
-            dev += run.milli * run.runtime_ms;
-            cost += run.amounts.cost_micro_usd;
-            wh += run.amounts.energy_wh;
-            g += run.amounts.co2_g;
-            attempts += 1;
-        }
-    }
-    assert!(cost > 0 && dev > 0);
-    let t = &r.total;
-    assert_eq!(
-        (
-            t.device_milli_ms,
-            t.cost_micro_usd,
-            t.energy_wh,
-            t.co2_g,
-            t.attempts
-        ),
-        (dev, cost, wh, g, attempts)
-    );
-    // The preempted hour-fractions are in it: 3 attempts of 10 minutes on one device each.
-    let preempted: u64 = env
-        .reactor
-        .state()
-        .jobs
-        .values()
-        .flat_map(|j| &j.runs)
-        .filter(|r| r.runtime_ms == 600_000)
-        .map(|r| r.milli * r.runtime_ms)
-        .sum();
-    assert_eq!(preempted, 3 * 1000 * 600_000);
-    for rows in [&r.by_tenant, &r.by_site, &r.by_model] {
-        let sum = |f: fn(&ReportRow) -> u64| rows.iter().map(f).sum::<u64>();
-        assert_eq!(sum(|x| x.device_milli_ms), t.device_milli_ms);
-        assert_eq!(sum(|x| x.cost_micro_usd), t.cost_micro_usd);
-        assert_eq!(sum(|x| x.energy_wh), t.energy_wh);
-        assert_eq!(sum(|x| x.co2_g), t.co2_g);
-        assert_eq!(sum(|x| x.attempts), t.attempts);
-        assert_eq!(sum(|x| x.wait_ms), t.wait_ms);
-    }
-    assert_eq!(r.by_tenant.iter().map(|x| x.jobs).sum::<u64>(), t.jobs);
-    assert_eq!(
-        t.jobs,
-        env.reactor
-            .state()
-            .jobs
-            .values()
-            .filter(|j| !j.runs.is_empty())
-            .count() as u64
-    );
-    // One tenant, and a window that leaves everything out.
-    let only_b = crate::ledger::report(
-        env.reactor.state().jobs.values(),
-        &ReportRequest {
-            tenant: Some(TenantId::new("team-b").unwrap()),
-            ..ReportRequest::default()
-        },
-    );
-    assert_eq!(only_b.by_tenant.len(), 1);
-    assert_eq!(only_b.total.jobs, 3);
-    let none = crate::ledger::report(
-        env.reactor.state().jobs.values(),
-        &ReportRequest {
-            to_ms: Some(1),
-            ..ReportRequest::default()
-        },
-    );
-    assert_eq!(
-        none.total,
-        ReportRow {
-            key: "total".into(),
-            ..ReportRow::default()
-        }
-    );
-}
-
-#[test]
-pub(super) fn a_gang_is_admitted_whole_or_not_at_all() {
+fn a_gang_is_admitted_whole_or_not_at_all() {
     // Two sites of 4 GPUs each, 3 of them busy at each: 2 free in all, never 4 at one site.
     let mut env = TestEnv::new(vec![
         site("x", Tier::Owned, 39.0, -77.5)
@@ -478,7 +317,7 @@ pub(super) fn a_gang_is_admitted_whole_or_not_at_all() {
 }
 
 #[test]
-pub(super) fn the_queue_with_the_smaller_dominant_share_goes_first() {
+fn the_queue_with_the_smaller_dominant_share_goes_first() {
     let t = COHORT.replace("cohort = \"research\"\n", "");
     let mut env = TestEnv::new(vec![site("x", Tier::Owned, 39.0, -77.5)
         .gpus("A100", 2, 1.0)
@@ -509,76 +348,8 @@ pub(super) fn the_queue_with_the_smaller_dominant_share_goes_first() {
 }
 
 /// A job placed by cost: an hour of a 1 USD/h GPU at site a-cheap.
-pub(super) fn cheap_job(tenant: &str, key: &str) -> JobSpec {
-    let mut spec = tenant_job(tenant, key);
-    spec.policy = Some(Policy::Cost);
-    spec
-}
-
-pub(super) fn budget_env(mode: &str) -> TestEnv {
-    let t = format!(
-        "{COHORT}\n[[budgets]]\ntenant = \"team-a\"\nperiod = \"day\"\nusd = 2.5\nwhen_exceeded = \"{mode}\"\n"
-    );
-    let mut env = TestEnv::new(trio());
-    env.set_tenancy(&t);
-    env
-}
-
 #[test]
-pub(super) fn a_submission_over_the_tenants_budget_is_refused_with_the_budget_named() {
-    let mut env = budget_env("refuse");
-    // Each job is expected to cost about 1 USD (an hour of a 1 USD/h GPU): two fit in 2.50 USD.
-    env.submit(cheap_job("team-a", "a0"));
-    env.submit(cheap_job("team-a", "a1"));
-    run_all(&mut env);
-    let err = env
-        .reactor
-        .step(env.now, Event::Submit(cheap_job("team-a", "a2")))
-        .unwrap_err();
-    assert_eq!(err.code(), ErrorCode::OverBudget);
-    let msg = err.to_string();
-    assert!(
-        msg.contains("over budget: tenant team-a has 0.50 of its 2.50 USD for this day left"),
-        "{msg}"
-    );
-    // Another tenant is not limited; a resubmission of an accepted job still answers with that job.
-    env.submit(cheap_job("team-b", "b0"));
-    env.submit(cheap_job("team-a", "a0"));
-    // The next day the budget is whole again.
-    env.now += 86_400_000;
-    env.heartbeat("a-cheap");
-    env.heartbeat("b-green");
-    env.heartbeat("c-frankfurt");
-    env.submit(cheap_job("team-a", "a3"));
-}
-
-#[test]
-pub(super) fn a_held_job_waits_for_the_next_budget_period_and_then_runs() {
-    let mut env = budget_env("hold");
-    env.submit(cheap_job("team-a", "a0"));
-    env.submit(cheap_job("team-a", "a1"));
-    let held = env.submit(cheap_job("team-a", "a2"));
-    run_all(&mut env);
-    assert_eq!(env.phase(&held), JobPhase::Pending);
-    let job = &env.reactor.state().jobs[&held];
-    assert!(
-        job.why
-            .contains("held until the budget period ends at 86400000: over budget: tenant team-a"),
-        "{}",
-        job.why
-    );
-    assert_eq!(job.retry_at_ms, Some(86_400_000));
-    // Midnight UTC: a new day, a new budget.
-    env.now = 86_400_000;
-    for s in ["a-cheap", "b-green", "c-frankfurt"] {
-        env.heartbeat(s);
-    }
-    env.advance(1);
-    assert_eq!(env.phase(&held), JobPhase::Offered);
-}
-
-#[test]
-pub(super) fn a_tenancy_change_is_journaled_and_survives_replay_and_snapshots() {
+fn a_tenancy_change_is_journaled_and_survives_replay_and_snapshots() {
     let mut env = TestEnv::new(trio());
     let small = COHORT
         .replace("cohort = \"research\"\n", "")
@@ -635,7 +406,7 @@ pub(super) fn a_tenancy_change_is_journaled_and_survives_replay_and_snapshots() 
 }
 
 #[test]
-pub(super) fn a_queue_capped_at_a_site_goes_elsewhere_and_the_explanation_says_why() {
+fn a_queue_capped_at_a_site_goes_elsewhere_and_the_explanation_says_why() {
     let t = COHORT.replace(
         "name = \"team-a\"\ntenant = \"team-a\"\ncohort = \"research\"\nquota = { \"gpu:*\" = 8 }",
         "name = \"team-a\"\ntenant = \"team-a\"\ncohort = \"research\"\nquota = { \"gpu:*\" = 8 }\nsite_caps = { a-cheap = { \"gpu:A100\" = 2 } }",
@@ -679,4 +450,72 @@ pub(super) fn a_queue_capped_at_a_site_goes_elsewhere_and_the_explanation_says_w
     )
     .unwrap_err();
     assert!(err.contains("site_caps: site \"bad site\""), "{err}");
+}
+
+/// An administrator removes a queue that has waiting jobs: its jobs wait for a queue instead of running
+/// outside quota, fair ordering (a sort) stays a total order with jobs of several queues waiting, and the
+/// explanation says why.
+#[test]
+fn jobs_of_a_removed_queue_wait_for_a_queue_and_ordering_survives_it() {
+    let three = format!(
+        "{COHORT}[[queues]]\nname = \"team-c\"\ntenant = \"team-c\"\nquota = {{ \"gpu:*\" = 1 }}\n"
+    );
+    let mut env = TestEnv::new(trio());
+    env.set_tenancy(&three);
+    // Queue team-c holds its one GPU; more of its jobs wait for quota, among waiting jobs of other queues.
+    for i in 0..4 {
+        env.submit(tenant_job("team-c", &format!("c{i}")));
+    }
+    for i in 0..20 {
+        env.submit(tenant_job("team-a", &format!("a{i}")));
+        env.submit(tenant_job("team-b", &format!("b{i}")));
+    }
+    run_all(&mut env);
+    assert_eq!(count(&env, "team-c", JobPhase::Running), 1);
+    assert_eq!(count(&env, "team-c", JobPhase::Pending), 3);
+    // team-c's queue goes away; capacity frees and waiting jobs are tried in fair order.
+    env.set_tenancy(COHORT);
+    let offers: Vec<Offer> = env.take_offers();
+    for o in &offers {
+        env.answer(o, OfferOutcome::Accepted);
+    }
+    env.advance(1_000);
+    let running: Vec<JobId> = env
+        .reactor
+        .state()
+        .jobs()
+        .values()
+        .filter(|j| j.phase == JobPhase::Running && j.spec.tenant.as_str() == "team-c")
+        .map(|j| j.id.clone())
+        .collect();
+    let id = running[0].clone();
+    let attempt = env.reactor.state().jobs()[&id].attempt;
+    let site = env.reactor.state().jobs()[&id]
+        .assignment
+        .as_ref()
+        .unwrap()
+        .site
+        .clone();
+    env.step(Event::Status(JobStatus {
+        v: 1,
+        job: id,
+        attempt,
+        site,
+        state: AttemptState::Succeeded { exit_code: 0 },
+        at_ms: env.now,
+        started_at_ms: None,
+        runtime_ms: Some(1_000),
+        checkpoint: None,
+    }));
+    env.advance(1_000);
+    assert_eq!(count(&env, "team-c", JobPhase::Running), 0);
+    assert_eq!(count(&env, "team-c", JobPhase::Pending), 3);
+    let waiting = env
+        .reactor
+        .state()
+        .jobs()
+        .values()
+        .find(|j| j.phase == JobPhase::Pending && j.spec.tenant.as_str() == "team-c")
+        .unwrap();
+    assert!(waiting.why.contains("waits for a queue"), "{}", waiting.why);
 }

@@ -1,0 +1,235 @@
+//! Budgets and the metering report.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use super::tenancy::{count, run_all, tenant_job, COHORT};
+use super::*;
+
+#[test]
+fn the_report_adds_up_to_the_job_records_in_every_breakdown() {
+    let mut env = TestEnv::new(trio());
+    env.set_tenancy(COHORT);
+    for i in 0..16 {
+        env.submit(tenant_job("team-a", &format!("a{i}")));
+        run_all(&mut env);
+        env.advance(100);
+    }
+    // Team B takes back 3 GPUs: 3 of A's attempts are preempted; their ends are reported late and metered.
+    for i in 0..3 {
+        env.submit(tenant_job("team-b", &format!("b{i}")));
+        run_all(&mut env);
+    }
+    let cancels: Vec<(SiteId, CancelAttempt)> = env
+        .sent
+        .iter()
+        .filter_map(|c| match c {
+            Command::Cancel { site, cancel } => Some((site.clone(), cancel.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        cancels.len(),
+        3,
+        "A running {}, B running {}, pending {:?}",
+        count(&env, "team-a", JobPhase::Running),
+        count(&env, "team-b", JobPhase::Running),
+        env.reactor
+            .state()
+            .jobs
+            .values()
+            .filter(|j| j.phase == JobPhase::Pending)
+            .map(|j| j.why.clone())
+            .collect::<Vec<_>>()
+    );
+    for (site, c) in &cancels {
+        env.step(Event::Status(JobStatus {
+            v: 1,
+            job: c.job.clone(),
+            attempt: c.attempt,
+            site: site.clone(),
+            state: AttemptState::Cancelled {
+                reason: c.reason.clone(),
+            },
+            at_ms: env.now,
+            started_at_ms: None,
+            runtime_ms: Some(600_000),
+            checkpoint: None,
+        }));
+    }
+    // Everything running ends after an hour.
+    env.now += 3_600_000;
+    let running: Vec<(JobId, u32, SiteId)> = env
+        .reactor
+        .state()
+        .jobs
+        .values()
+        .filter(|j| j.phase == JobPhase::Running)
+        .map(|j| {
+            (
+                j.id.clone(),
+                j.attempt,
+                j.assignment.as_ref().unwrap().site.clone(),
+            )
+        })
+        .collect();
+    for (job, attempt, site) in running {
+        env.step(Event::Status(JobStatus {
+            v: 1,
+            job,
+            attempt,
+            site,
+            state: AttemptState::Succeeded { exit_code: 0 },
+            at_ms: env.now,
+            started_at_ms: None,
+            runtime_ms: Some(3_600_000),
+            checkpoint: None,
+        }));
+    }
+    run_all(&mut env);
+
+    let r = crate::ledger::report(env.reactor.state().jobs.values(), &ReportRequest::default());
+    // An independent sum over the job records.
+    let (mut dev, mut cost, mut wh, mut g, mut attempts) = (0u64, 0u64, 0u64, 0u64, 0u64);
+    for j in env.reactor.state().jobs.values() {
+        for run in &j.runs {
+            dev += run.milli * run.runtime_ms;
+            cost += run.amounts.cost_micro_usd;
+            wh += run.amounts.energy_wh;
+            g += run.amounts.co2_g;
+            attempts += 1;
+        }
+    }
+    assert!(cost > 0 && dev > 0);
+    let t = &r.total;
+    assert_eq!(
+        (
+            t.device_milli_ms,
+            t.cost_micro_usd,
+            t.energy_wh,
+            t.co2_g,
+            t.attempts
+        ),
+        (dev, cost, wh, g, attempts)
+    );
+    // The preempted hour-fractions are in it: 3 attempts of 10 minutes on one device each.
+    let preempted: u64 = env
+        .reactor
+        .state()
+        .jobs
+        .values()
+        .flat_map(|j| &j.runs)
+        .filter(|r| r.runtime_ms == 600_000)
+        .map(|r| r.milli * r.runtime_ms)
+        .sum();
+    assert_eq!(preempted, 3 * 1000 * 600_000);
+    for rows in [&r.by_tenant, &r.by_site, &r.by_model] {
+        let sum = |f: fn(&ReportRow) -> u64| rows.iter().map(f).sum::<u64>();
+        assert_eq!(sum(|x| x.device_milli_ms), t.device_milli_ms);
+        assert_eq!(sum(|x| x.cost_micro_usd), t.cost_micro_usd);
+        assert_eq!(sum(|x| x.energy_wh), t.energy_wh);
+        assert_eq!(sum(|x| x.co2_g), t.co2_g);
+        assert_eq!(sum(|x| x.attempts), t.attempts);
+        assert_eq!(sum(|x| x.wait_ms), t.wait_ms);
+    }
+    assert_eq!(r.by_tenant.iter().map(|x| x.jobs).sum::<u64>(), t.jobs);
+    assert_eq!(
+        t.jobs,
+        env.reactor
+            .state()
+            .jobs
+            .values()
+            .filter(|j| !j.runs.is_empty())
+            .count() as u64
+    );
+    // One tenant, and a window that leaves everything out.
+    let only_b = crate::ledger::report(
+        env.reactor.state().jobs.values(),
+        &ReportRequest {
+            tenant: Some(TenantId::new("team-b").unwrap()),
+            ..ReportRequest::default()
+        },
+    );
+    assert_eq!(only_b.by_tenant.len(), 1);
+    assert_eq!(only_b.total.jobs, 3);
+    let none = crate::ledger::report(
+        env.reactor.state().jobs.values(),
+        &ReportRequest {
+            to_ms: Some(1),
+            ..ReportRequest::default()
+        },
+    );
+    assert_eq!(
+        none.total,
+        ReportRow {
+            key: "total".into(),
+            ..ReportRow::default()
+        }
+    );
+}
+
+pub(super) fn cheap_job(tenant: &str, key: &str) -> JobSpec {
+    let mut spec = tenant_job(tenant, key);
+    spec.policy = Some(Policy::Cost);
+    spec
+}
+
+pub(super) fn budget_env(mode: &str) -> TestEnv {
+    let t = format!(
+        "{COHORT}\n[[budgets]]\ntenant = \"team-a\"\nperiod = \"day\"\nusd = 2.5\nwhen_exceeded = \"{mode}\"\n"
+    );
+    let mut env = TestEnv::new(trio());
+    env.set_tenancy(&t);
+    env
+}
+
+#[test]
+fn a_submission_over_the_tenants_budget_is_refused_with_the_budget_named() {
+    let mut env = budget_env("refuse");
+    // Each job is expected to cost about 1 USD (an hour of a 1 USD/h GPU): two fit in 2.50 USD.
+    env.submit(cheap_job("team-a", "a0"));
+    env.submit(cheap_job("team-a", "a1"));
+    run_all(&mut env);
+    let err = env
+        .reactor
+        .step(env.now, Event::Submit(cheap_job("team-a", "a2")))
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::OverBudget);
+    let msg = err.to_string();
+    assert!(
+        msg.contains("over budget: tenant team-a has 0.50 of its 2.50 USD for this day left"),
+        "{msg}"
+    );
+    // Another tenant is not limited; a resubmission of an accepted job still answers with that job.
+    env.submit(cheap_job("team-b", "b0"));
+    env.submit(cheap_job("team-a", "a0"));
+    // The next day the budget is whole again.
+    env.now += 86_400_000;
+    env.heartbeat("a-cheap");
+    env.heartbeat("b-green");
+    env.heartbeat("c-frankfurt");
+    env.submit(cheap_job("team-a", "a3"));
+}
+
+#[test]
+fn a_held_job_waits_for_the_next_budget_period_and_then_runs() {
+    let mut env = budget_env("hold");
+    env.submit(cheap_job("team-a", "a0"));
+    env.submit(cheap_job("team-a", "a1"));
+    let held = env.submit(cheap_job("team-a", "a2"));
+    run_all(&mut env);
+    assert_eq!(env.phase(&held), JobPhase::Pending);
+    let job = &env.reactor.state().jobs[&held];
+    assert!(
+        job.why
+            .contains("held until the budget period ends at 86400000: over budget: tenant team-a"),
+        "{}",
+        job.why
+    );
+    assert_eq!(job.retry_at_ms, Some(86_400_000));
+    // Midnight UTC: a new day, a new budget.
+    env.now = 86_400_000;
+    for s in ["a-cheap", "b-green", "c-frankfurt"] {
+        env.heartbeat(s);
+    }
+    env.advance(1);
+    assert_eq!(env.phase(&held), JobPhase::Offered);
+}

@@ -1,0 +1,575 @@
+//! Random sequences of events into the reactor: adverts, heartbeats (some naming attempts the broker no
+//! longer assigns), submissions, offer answers, statuses (some stale), time passing (so sites are lost and
+//! offers expire), cancels, drains, tenancy changes (one removes a queue that has waiting jobs), scale-in and
+//! resumes. After every step the invariants hold, and a second reactor that replays the journal as it grows —
+//! a broker killed at that point and restarted — has the same state as the live one; a snapshot taken at a
+//! random point, restored and replayed to the end, has it too.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use super::*;
+use crate::journal::{MemoryJournal, Record};
+use crate::reactor::{CoreConfig, Reactor, State};
+use crate::Millis;
+use proptest::prelude::*;
+
+/// A step of a sequence, with its targets picked among what exists when it is played.
+#[derive(Clone, Debug)]
+enum Action {
+    Advert {
+        site: usize,
+        used: u8,
+        drain: bool,
+    },
+    Heartbeat {
+        site: usize,
+        stale: bool,
+    },
+    Submit(Submission),
+    Answer {
+        pick: usize,
+        accept: bool,
+    },
+    Status {
+        pick: usize,
+        kind: u8,
+        runtime_s: u32,
+        stale: bool,
+    },
+    Advance {
+        ms: u32,
+    },
+    Cancel {
+        pick: usize,
+    },
+    Drain {
+        site: usize,
+        on: bool,
+    },
+    Tenancy {
+        which: usize,
+    },
+    ScaleIn {
+        remove: u32,
+    },
+    Resume,
+}
+
+#[derive(Clone, Debug)]
+struct Submission {
+    tenant: usize,
+    gpus: u32,
+    milli: Option<u32>,
+    replicas: u32,
+    policy: u8,
+    max_wait_s: u64,
+    checkpointable: bool,
+    service: bool,
+    priority: Option<usize>,
+    deadline_h: Option<u64>,
+    /// Reuse an earlier key (same spec, or a different one: a conflict).
+    key: u8,
+}
+
+const TENANTS: [&str; 3] = ["team-a", "team-b", "team-c"];
+
+/// Tenancies the sequence switches between: two cohorts of queues; one without team-c's queue (its waiting
+/// jobs lose their queue); none at all (nothing limited).
+const TENANCIES: [Option<&str>; 3] = [
+    Some(
+        r#"
+default_priority = "low"
+priority_classes = [{ name = "high", value = 100 }, { name = "low", value = 0 }]
+[[queues]]
+name = "team-a"
+tenant = "team-a"
+cohort = "all"
+quota = { "gpu:*" = 4 }
+borrowing_limit = { "gpu:*" = 4 }
+[[queues]]
+name = "team-b"
+tenant = "team-b"
+cohort = "all"
+quota = { "gpu:*" = 4 }
+[[queues]]
+name = "team-c"
+tenant = "team-c"
+quota = { "gpu:*" = 2 }
+"#,
+    ),
+    Some(
+        r#"
+default_priority = "low"
+priority_classes = [{ name = "high", value = 100 }, { name = "low", value = 0 }]
+[[queues]]
+name = "team-a"
+tenant = "team-a"
+quota = { "gpu:*" = 3 }
+[[queues]]
+name = "team-b"
+tenant = "team-b"
+quota = { "gpu:*" = 3 }
+"#,
+    ),
+    None,
+];
+
+fn sites() -> Vec<SiteAdvert> {
+    vec![
+        site("owned-a", Tier::Owned, 45.0, -120.0)
+            .gpus("H100", 4, 4.0)
+            .carbon(60)
+            .build(),
+        site("owned-b", Tier::Owned, 50.1, 8.7)
+            .gpus("L4", 2, 0.7)
+            .carbon(400)
+            .build(),
+        site("partner", Tier::Partner, 53.3, -6.3)
+            .gpus("A100", 3, 2.0)
+            .build(),
+        site("cloud", Tier::Cloud, 37.4, -79.8)
+            .gpus("A100", 8, 3.7)
+            .carbon(420)
+            .build(),
+    ]
+}
+
+fn submission() -> impl Strategy<Value = Submission> {
+    (
+        (
+            0..3usize,
+            1..=3u32,
+            prop::option::weighted(0.2, 100..=900u32),
+            1..=2u32,
+        ),
+        (
+            0..5u8,
+            prop_oneof![Just(0u64), Just(30), Just(600)],
+            any::<bool>(),
+        ),
+        (
+            prop::bool::weighted(0.2),
+            prop::option::weighted(0.3, 0..2usize),
+            prop::option::weighted(0.15, 1..=30u64),
+            0..24u8,
+        ),
+    )
+        .prop_map(
+            |(
+                (tenant, gpus, milli, replicas),
+                (policy, max_wait_s, checkpointable),
+                (service, priority, deadline_h, key),
+            )| Submission {
+                tenant,
+                gpus,
+                milli,
+                replicas,
+                policy,
+                max_wait_s,
+                checkpointable,
+                service,
+                priority,
+                deadline_h,
+                key,
+            },
+        )
+}
+
+fn action() -> impl Strategy<Value = Action> {
+    prop_oneof![
+        2 => (0..4usize, 0..3u8, prop::bool::weighted(0.1))
+            .prop_map(|(site, used, drain)| Action::Advert { site, used, drain }),
+        3 => (0..4usize, prop::bool::weighted(0.2))
+            .prop_map(|(site, stale)| Action::Heartbeat { site, stale }),
+        5 => submission().prop_map(Action::Submit),
+        4 => (0..8usize, prop::bool::weighted(0.8))
+            .prop_map(|(pick, accept)| Action::Answer { pick, accept }),
+        4 => (0..8usize, 0..6u8, 0..7_200u32, prop::bool::weighted(0.1))
+            .prop_map(|(pick, kind, runtime_s, stale)| Action::Status { pick, kind, runtime_s, stale }),
+        3 => prop_oneof![0..3_000u32, 3_000..15_000u32].prop_map(|ms| Action::Advance { ms }),
+        1 => (0..32usize).prop_map(|pick| Action::Cancel { pick }),
+        1 => (0..4usize, any::<bool>()).prop_map(|(site, on)| Action::Drain { site, on }),
+        1 => (0..3usize).prop_map(|which| Action::Tenancy { which }),
+        1 => (1..3u32).prop_map(|remove| Action::ScaleIn { remove }),
+        1 => Just(Action::Resume),
+    ]
+}
+
+/// The live reactor, the offers and attempts the agents would hold, and a replica replaying its journal.
+struct Run {
+    live: Reactor<MemoryJournal>,
+    now: Millis,
+    adverts: Vec<SiteAdvert>,
+    /// Offers sent and not yet answered.
+    offers: Vec<Offer>,
+    /// Attempts accepted: their offer.
+    running: Vec<Offer>,
+    /// Specs submitted, by key, so a key can be reused.
+    keys: BTreeMap<(usize, u8), JobSpec>,
+    replica: Reactor<MemoryJournal>,
+    replayed: usize,
+}
+
+fn reactor() -> Reactor<MemoryJournal> {
+    Reactor::new(
+        CoreConfig::default(),
+        RttTable::default(),
+        regions(),
+        MemoryJournal::default(),
+    )
+}
+
+impl Run {
+    fn new() -> Self {
+        Run {
+            live: reactor(),
+            now: 1_700_000_000_000,
+            adverts: sites(),
+            offers: Vec::new(),
+            running: Vec::new(),
+            keys: BTreeMap::new(),
+            replica: reactor(),
+            replayed: 0,
+        }
+    }
+
+    fn step(&mut self, event: Event) {
+        // A refused step (a conflicting key, an unknown queue, …) changes nothing; anything else is applied.
+        let quota = self.live.holders();
+        let _ = self.live.step(self.now, event);
+        for c in self.live.take_outbox() {
+            match c {
+                Command::Offer(o) => self.offers.push(o),
+                Command::Cancel { cancel, .. } => self
+                    .running
+                    .retain(|o| !(o.job == cancel.job && o.attempt == cancel.attempt)),
+            }
+        }
+        self.live
+            .sanity_check()
+            .and_then(|()| self.live.check_quota_step(&quota))
+            .unwrap_or_else(|e| panic!("invariant broken: {e}"));
+        // The replica is a broker restarted from the journal as it stands now.
+        let records = &self.live.journal().records;
+        self.replica.replay(&records[self.replayed..]);
+        self.replayed = records.len();
+        if let Err(e) = same(self.live.state(), self.replica.state()) {
+            panic!(
+                "replay differs from the live run after {} records: {e}",
+                self.replayed
+            );
+        }
+    }
+
+    fn play(&mut self, a: &Action) {
+        match a {
+            Action::Advert { site, used, drain } => {
+                let mut advert = self.adverts[*site].clone();
+                advert.generation += 1;
+                advert.draining = *drain;
+                if let Some(d) = advert.pools[0].devices.first_mut() {
+                    d.used_milli = u32::from(*used) * 500;
+                }
+                self.adverts[*site] = advert.clone();
+                self.step(Event::Advert(advert));
+            }
+            Action::Heartbeat { site, stale } => {
+                let id = self.adverts[*site].site.id.clone();
+                let mut running: Vec<AttemptRef> = self
+                    .running
+                    .iter()
+                    .filter(|o| o.site == id)
+                    .map(|o| AttemptRef {
+                        job: o.job.clone(),
+                        attempt: o.attempt,
+                    })
+                    .collect();
+                if *stale {
+                    running.push(AttemptRef {
+                        job: JobId::numbered(999),
+                        attempt: 7,
+                    });
+                }
+                self.step(Event::Heartbeat(Heartbeat {
+                    v: 1,
+                    site: id,
+                    seq: 0,
+                    sent_at_ms: self.now,
+                    generation: self.adverts[*site].generation,
+                    running,
+                }));
+            }
+            Action::Submit(s) => {
+                let spec = self.spec(s);
+                self.step(Event::Submit(spec));
+            }
+            Action::Answer { pick, accept } => {
+                if self.offers.is_empty() {
+                    return;
+                }
+                let o = self.offers.remove(pick % self.offers.len());
+                let outcome = if *accept {
+                    self.running.push(o.clone());
+                    OfferOutcome::Accepted
+                } else {
+                    OfferOutcome::Rejected {
+                        reason: "busy".into(),
+                    }
+                };
+                self.step(Event::OfferAnswer {
+                    site: o.site,
+                    job: o.job,
+                    attempt: o.attempt,
+                    outcome,
+                });
+            }
+            Action::Status {
+                pick,
+                kind,
+                runtime_s,
+                stale,
+            } => {
+                if self.running.is_empty() {
+                    return;
+                }
+                let i = pick % self.running.len();
+                let o = self.running[i].clone();
+                let state = match kind {
+                    0 => AttemptState::Running,
+                    1 | 2 => AttemptState::Succeeded { exit_code: 0 },
+                    3 => AttemptState::Failed {
+                        exit_code: Some(1),
+                        reason: "exit code 1".into(),
+                    },
+                    4 => AttemptState::Interrupted {
+                        reason: "agent restarted".into(),
+                    },
+                    _ => AttemptState::Cancelled {
+                        reason: "stopped".into(),
+                    },
+                };
+                if state.is_terminal() && !stale {
+                    self.running.remove(i);
+                }
+                self.step(Event::Status(JobStatus {
+                    v: 1,
+                    job: o.job,
+                    attempt: if *stale { o.attempt + 1 } else { o.attempt },
+                    site: o.site,
+                    state,
+                    at_ms: self.now,
+                    started_at_ms: Some(self.now.saturating_sub(u64::from(*runtime_s) * 1000)),
+                    runtime_ms: Some(u64::from(*runtime_s) * 1000),
+                    checkpoint: None,
+                }));
+            }
+            Action::Advance { ms } => {
+                self.now += u64::from(*ms);
+                self.step(Event::Tick);
+            }
+            Action::Cancel { pick } => {
+                let jobs: Vec<JobId> = self.live.state().jobs().keys().cloned().collect();
+                let id = if jobs.is_empty() || *pick >= jobs.len() + 2 {
+                    JobId::numbered(424_242)
+                } else {
+                    jobs[pick % jobs.len()].clone()
+                };
+                self.step(Event::Cancel(id));
+            }
+            Action::Drain { site, on } => {
+                let site = self.adverts[*site].site.id.clone();
+                self.step(Event::Drain { site, drain: *on });
+            }
+            Action::Tenancy { which } => {
+                if let Some(t) = TENANCIES[*which] {
+                    self.step(Event::SetTenancy {
+                        toml: t.to_owned(),
+                        from_file: false,
+                    });
+                }
+            }
+            Action::ScaleIn { remove } => self.step(Event::ScaleIn {
+                tenant: TenantId::new("team-a").unwrap(),
+                service: "chat".into(),
+                remove: *remove,
+            }),
+            Action::Resume => self.step(Event::Resume),
+        }
+    }
+
+    fn spec(&mut self, s: &Submission) -> JobSpec {
+        let key = (s.tenant, s.key);
+        if let Some(spec) = self.keys.get(&key) {
+            // Every other reuse changes the spec: the key conflicts.
+            let mut spec = spec.clone();
+            if s.key % 2 == 1 {
+                spec.duration_s = Some(spec.duration_s.unwrap_or(0) + 1);
+            }
+            return spec;
+        }
+        let mut spec = job(&format!("k{}", s.key), s.gpus);
+        spec.tenant = TenantId::new(TENANTS[s.tenant]).unwrap();
+        if let Some(m) = s.milli {
+            spec.resources = Resources::shared(AcceleratorKind::Gpu, m);
+        }
+        spec.replicas = s.replicas;
+        spec.policy = Some(match s.policy {
+            0 => Policy::Cost,
+            1 => Policy::Green,
+            2 => Policy::Latency,
+            3 => Policy::Balanced,
+            _ => Policy::Weights(Weights {
+                cost: 1.0,
+                carbon: 0.5,
+                ..Weights::default()
+            }),
+        });
+        spec.users = vec![UserLocation {
+            name: None,
+            location: GeoPoint {
+                lat: 48.0,
+                lon: 2.0,
+            },
+            weight: 1.0,
+            rtt_region: None,
+        }];
+        spec.max_wait_s = s.max_wait_s;
+        spec.checkpointable = s.checkpointable;
+        if s.service {
+            spec.kind = JobKind::Inference;
+            spec.service = Some("chat".into());
+        }
+        spec.priority = s.priority.map(|p| ["high", "low"][p].to_owned());
+        spec.window.deadline_ms = s.deadline_h.map(|h| self.now + h * 3_600_000);
+        self.keys.insert(key, spec.clone());
+        spec
+    }
+}
+
+/// Whether two states agree on everything durable (liveness, which is not journaled, aside); if not, the first
+/// field where they differ.
+fn same(a: &State, b: &State) -> Result<(), String> {
+    durable_eq(a, b).map_err(|what| {
+        let (x, y) = (
+            serde_json::to_value(a.snapshot(0, 0)).unwrap_or_default(),
+            serde_json::to_value(b.snapshot(0, 0)).unwrap_or_default(),
+        );
+        format!("{what}: {}", first_difference(&x, &y, ""))
+    })
+}
+
+fn first_difference(a: &serde_json::Value, b: &serde_json::Value, path: &str) -> String {
+    use serde_json::Value;
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            for (k, v) in x {
+                if k == "last_seen_ms" {
+                    continue;
+                }
+                let w = y.get(k).unwrap_or(&Value::Null);
+                if v != w {
+                    return first_difference(v, w, &format!("{path}.{k}"));
+                }
+            }
+            format!("{path}: keys differ")
+        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => x
+            .iter()
+            .zip(y)
+            .enumerate()
+            .find(|(_, (v, w))| v != w)
+            .map_or(format!("{path}: equal"), |(i, (v, w))| {
+                first_difference(v, w, &format!("{path}[{i}]"))
+            }),
+        _ => format!("{path}: live {a} but replay {b}"),
+    }
+}
+
+fn durable_eq(a: &State, b: &State) -> Result<(), String> {
+    if a.dirty != b.dirty {
+        return Err("whether capacity changed since waiting jobs were tried".into());
+    }
+    if a.next_job != b.next_job || a.format() != b.format() {
+        return Err("job counter or format".into());
+    }
+    if a.tenancy_toml != b.tenancy_toml || a.tenancy_file_toml != b.tenancy_file_toml {
+        return Err("tenancy".into());
+    }
+    // The scan sets may hold jobs that left their phase until they are pruned; what they hold in it counts.
+    let live =
+        |st: &State, phase: JobPhase, set: &std::collections::BTreeSet<JobId>| -> Vec<JobId> {
+            set.iter()
+                .filter(|id| st.jobs.get(*id).is_some_and(|j| j.phase == phase))
+                .cloned()
+                .collect()
+        };
+    if a.by_key != b.by_key
+        || live(a, JobPhase::Pending, &a.pending) != live(b, JobPhase::Pending, &b.pending)
+        || live(a, JobPhase::Offered, &a.offered) != live(b, JobPhase::Offered, &b.offered)
+    {
+        return Err("idempotency map or scan sets".into());
+    }
+    for (id, j) in &a.jobs {
+        match b.jobs.get(id) {
+            Some(k) if k == j => {}
+            Some(_) => return Err(format!("job {id}")),
+            None => return Err(format!("job {id} missing")),
+        }
+    }
+    if a.jobs.len() != b.jobs.len() {
+        return Err("job count".into());
+    }
+    for (id, s) in &a.sites {
+        let Some(t) = b.sites.get(id) else {
+            return Err(format!("site {id} missing"));
+        };
+        let mut t = t.clone();
+        t.last_seen_ms = s.last_seen_ms;
+        if &t != s {
+            return Err(format!("site {id}"));
+        }
+    }
+    Ok(())
+}
+
+fn play(actions: &[Action], cut: usize) {
+    let mut run = Run::new();
+    for a in run.adverts.clone() {
+        run.step(Event::Advert(a));
+    }
+    for a in actions {
+        run.play(a);
+    }
+    // A snapshot at a point of the journal, through JSON, plus the records after it, is the same state too.
+    let records: Vec<Record> = run.live.journal().records.clone();
+    let cut = cut % (records.len() + 1);
+    let mut before = reactor();
+    before.replay(&records[..cut]);
+    let json = crate::durable::encode_snapshot(&before.state().snapshot(cut as u64, 0)).unwrap();
+    let mut after = reactor();
+    after.restore(crate::durable::decode_snapshot(&json).unwrap());
+    after.replay(&records[cut..]);
+    after.sanity_check().unwrap();
+    if let Err(e) = same(run.live.state(), after.state()) {
+        panic!("snapshot at record {cut} plus the rest differs: {e}");
+    }
+}
+
+/// Sequences per run: `MERIDIAN_SEQUENCES` (default 10,000).
+fn cases() -> u32 {
+    std::env::var("MERIDIAN_SEQUENCES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10_000)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(), failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_event_sequences_keep_the_invariants_and_replay_to_the_live_state(
+        actions in prop::collection::vec(action(), 1..100),
+        cut in any::<usize>(),
+    ) {
+        play(&actions, cut);
+    }
+}
