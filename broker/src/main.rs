@@ -223,6 +223,25 @@ enum BenchCmd {
         #[arg(long, default_value_t = 1_000)]
         spawn_jobs: usize,
     },
+    /// Submissions per second and broker CPU per submission as the queue deepens (a full site, jobs that
+    /// wait), completions per second at the deepest queue, memory per waiting job, and memory and recovery
+    /// time once every job has finished.
+    Queue {
+        /// Queue depths at which submissions are timed (comma-separated).
+        #[arg(long, value_delimiter = ',', default_values_t = [0usize, 100_000, 1_000_000])]
+        depths: Vec<usize>,
+        /// Submissions timed at each depth (and completions at the deepest).
+        #[arg(long, default_value_t = 10_000)]
+        step: usize,
+        /// Devices of the one full site.
+        #[arg(long, default_value_t = 64)]
+        devices: usize,
+        #[arg(long, default_value_t = 256)]
+        in_flight: usize,
+        /// Keep logs and state in this folder.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
     /// Decision latency with the site index, and by a plain scan of every site, over a synthetic federation.
     Placement {
         #[arg(long, default_value_t = 1000)]
@@ -429,6 +448,28 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
                     );
                 }
             }
+            Ok(true)
+        }
+        Cmd::Bench {
+            what:
+                BenchCmd::Queue {
+                    depths,
+                    step,
+                    devices,
+                    in_flight,
+                    dir,
+                },
+        } => {
+            let f =
+                meridian_broker::bench::queue::queue(meridian_broker::bench::queue::QueueOptions {
+                    depths,
+                    step,
+                    devices,
+                    in_flight,
+                    dir,
+                })
+                .await?;
+            outln!("{}", serde_json::to_string(&f)?);
             Ok(true)
         }
         Cmd::Bench {

@@ -11,8 +11,13 @@ pub enum WireError {
     /// Well-formed, but a field's value is not acceptable.
     #[error("invalid `{field}`: {problem}")]
     Invalid { field: String, problem: String },
+    /// A field the message type does not have (in what people write; between components they are ignored).
+    #[error("unknown field `{path}`")]
+    UnknownField { path: String },
     #[error("message is {size} bytes; the limit is {limit}")]
     TooLarge { size: usize, limit: usize },
+    #[error("message nests {depth} levels deep; the limit is {limit}")]
+    TooDeep { depth: usize, limit: usize },
     #[error("message has wire version {found}; this build speaks {supported}")]
     UnsupportedVersion { found: u32, supported: u32 },
     #[error("could not encode message: {0}")]
@@ -27,16 +32,12 @@ impl WireError {
         }
     }
 
-    /// Whether sending the same message again could succeed.
-    pub fn is_retryable(&self) -> bool {
-        false
-    }
-
     /// The field the error is about, if one is known.
     pub fn field(&self) -> Option<&str> {
         match self {
             WireError::Malformed { path, .. } if path != "." => Some(path),
             WireError::Invalid { field, .. } => Some(field),
+            WireError::UnknownField { path } => Some(path),
             _ => None,
         }
     }
@@ -45,7 +46,9 @@ impl WireError {
         match self {
             WireError::Malformed { .. } => ErrorCode::Malformed,
             WireError::Invalid { .. } => ErrorCode::Invalid,
+            WireError::UnknownField { .. } => ErrorCode::Invalid,
             WireError::TooLarge { .. } => ErrorCode::TooLarge,
+            WireError::TooDeep { .. } => ErrorCode::Malformed,
             WireError::UnsupportedVersion { .. } => ErrorCode::UnsupportedVersion,
             WireError::Encode(_) => ErrorCode::Internal,
         }

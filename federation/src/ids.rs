@@ -31,8 +31,11 @@ pub fn check_id(s: &str) -> Result<(), String> {
 
 macro_rules! id_type {
     ($(#[$doc:meta])* $name:ident) => {
+        id_type!(@common $(#[$doc])* #[derive(PartialOrd, Ord)] $name);
+    };
+    (@common $(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
-        #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
         #[serde(try_from = "String", into = "String")]
         pub struct $name(String);
 
@@ -81,10 +84,26 @@ id_type!(
     /// A site: one datacenter, edge location or cloud region running one agent.
     SiteId
 );
-id_type!(
-    /// A job, assigned by the broker.
+id_type!(@common
+    /// A job, assigned by the broker. Ordered by length, then text: numbered ids (`j-000123`) sort in the order
+    /// they were made, past a million jobs too (`j-999999` < `j-1000000`).
     JobId
 );
+
+impl PartialOrd for JobId {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for JobId {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0
+            .len()
+            .cmp(&other.0.len())
+            .then_with(|| self.0.cmp(&other.0))
+    }
+}
 id_type!(
     /// A tenant (team or project) that owns jobs.
     TenantId
@@ -112,6 +131,12 @@ mod tests {
             let err = SiteId::new(bad).expect_err(bad);
             assert!(err.contains("invalid id"), "{err}");
         }
+    }
+
+    #[test]
+    fn numbered_job_ids_sort_in_creation_order_past_a_million() {
+        assert!(JobId::numbered(999_999) < JobId::numbered(1_000_000));
+        assert!(JobId::numbered(7) < JobId::numbered(12));
     }
 
     #[test]

@@ -13,7 +13,7 @@ pub mod messages;
 pub mod subjects;
 pub mod validate;
 
-pub use codec::{decode, encode, MAX_MESSAGE_BYTES};
+pub use codec::{decode, decode_strict, encode, MAX_MESSAGE_BYTES};
 pub use error::{ErrorBody, ErrorCode, WireError};
 pub use ids::{JobId, SiteId, TenantId};
 pub use messages::*;

@@ -27,6 +27,10 @@ pub const MAX_PRICE_MICRO_USD: u64 = 1_000_000_000;
 pub const MAX_COMMAND_BYTES: usize = 64 * 1024;
 /// Longest expected duration, seconds (one year).
 pub const MAX_DURATION_S: u64 = 366 * 24 * 3600;
+/// Longest run time an attempt may report, ms (ten years): metered amounts stay far from overflow.
+pub const MAX_RUNTIME_MS: u64 = 10 * 366 * 24 * 3600 * 1000;
+/// Longest value of one environment variable, bytes.
+pub const MAX_ENV_VALUE_BYTES: usize = 32 * 1024;
 
 type R = Result<(), WireError>;
 
@@ -310,6 +314,18 @@ impl Validate for JobSpec {
                 format!("is longer than {MAX_COMMAND_BYTES} bytes"),
             );
         }
+        // A NUL cannot pass to a process: such a job could never start anywhere.
+        if self.run.command.contains('\0') {
+            return bad("run.command", "contains a NUL byte");
+        }
+        for (field, v) in [
+            ("run.adapter", &self.run.adapter),
+            ("run.image", &self.run.image),
+        ] {
+            if let Some(v) = v {
+                name(field, v, 512)?;
+            }
+        }
         count_limit("run.env", self.run.env.len(), 256)?;
         for k in self.run.env.keys() {
             let ok = !k.is_empty()
@@ -318,6 +334,20 @@ impl Validate for JobSpec {
                 && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
             if !ok {
                 return bad(format!("run.env.{k}"), "is not a valid variable name");
+            }
+        }
+        for (k, v) in &self.run.env {
+            if v.contains('\0') {
+                return bad(format!("run.env.{k}"), "contains a NUL byte");
+            }
+            if v.len() > MAX_ENV_VALUE_BYTES {
+                return bad(
+                    format!("run.env.{k}"),
+                    format!(
+                        "is {} bytes long; the limit is {MAX_ENV_VALUE_BYTES}",
+                        v.len()
+                    ),
+                );
             }
         }
         Ok(())
@@ -370,7 +400,21 @@ impl Validate for JobStatus {
         if let Some(c) = &self.checkpoint {
             name("checkpoint", c, 4096)?;
         }
-        Ok(())
+        if let Some(r) = self.runtime_ms {
+            range_u64("runtime_ms", r, 0, MAX_RUNTIME_MS)?;
+        }
+        match &self.state {
+            AttemptState::Failed { reason, .. }
+            | AttemptState::Cancelled { reason }
+            | AttemptState::Interrupted { reason } => {
+                // Reasons carry what a process said; they are escaped wherever they are shown.
+                if reason.len() > 4096 {
+                    return bad("reason", "is longer than 4096 bytes");
+                }
+                Ok(())
+            }
+            _ => Ok(()),
+        }
     }
 }
 

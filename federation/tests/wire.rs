@@ -356,3 +356,51 @@ fn a_cancel_reason_is_bounded_and_printable() {
     let control = decode::<CancelAttempt>(&cancel("a\nb".into())).unwrap_err();
     assert!(control.to_string().contains("control"), "{control}");
 }
+
+#[test]
+fn unknown_fields_are_refused_where_people_write_and_ignored_between_components() {
+    let mut v = job_json();
+    v["constraints"] = json!({"residancy": "eu"});
+    let e = decode_strict::<JobSpec>(&bytes(&v)).unwrap_err();
+    assert_eq!(e.field(), Some("constraints.residancy"), "{e}");
+    assert_eq!(e.code(), ErrorCode::Invalid);
+    v["replica"] = json!(3);
+    let e = decode_strict::<JobSpec>(&bytes(&v)).unwrap_err();
+    assert!(e.to_string().contains("unknown field"), "{e}");
+    // A component of a newer release may add fields: they are ignored and counted.
+    let mut a = advert_json();
+    a["site"]["new_thing"] = json!(1);
+    assert!(decode::<SiteAdvert>(&bytes(&a)).is_ok());
+    assert!(codec::unknown_fields()
+        .iter()
+        .any(|(k, n)| k == "SiteAdvert.site.new_thing" && *n >= 1));
+}
+
+#[test]
+fn a_missing_required_field_is_named() {
+    let mut v = job_json();
+    v.as_object_mut().unwrap().remove("tenant");
+    let e = decode_strict::<JobSpec>(&bytes(&v)).unwrap_err();
+    assert_eq!(e.field(), Some("tenant"), "{e}");
+    let mut v = job_json();
+    v["resources"].as_object_mut().unwrap().remove("kind");
+    let e = decode_strict::<JobSpec>(&bytes(&v)).unwrap_err();
+    assert_eq!(e.field(), Some("resources.kind"), "{e}");
+}
+
+#[test]
+fn nul_bytes_deep_nesting_and_runaway_run_times_are_refused() {
+    let e = job_error(|v| v["run"]["command"] = json!("echo a\u{0}b"));
+    assert_eq!(e.field(), Some("run.command"), "{e}");
+    let e = job_error(|v| v["run"]["env"] = json!({"TOKEN": "x\u{0}y"}));
+    assert_eq!(e.field(), Some("run.env.TOKEN"), "{e}");
+    let deep = format!("{}{}", "[".repeat(100), "]".repeat(100));
+    assert!(matches!(
+        decode::<JobSpec>(deep.as_bytes()),
+        Err(WireError::TooDeep { .. })
+    ));
+    let status = json!({"v": 1, "job": "j-000001", "attempt": 1, "site": "a", "state": "succeeded",
+        "exit_code": 0, "at_ms": 5, "runtime_ms": u64::MAX});
+    let e = decode::<JobStatus>(&bytes(&status)).unwrap_err();
+    assert_eq!(e.field(), Some("runtime_ms"), "{e}");
+}

@@ -270,11 +270,12 @@ pub struct Job {
     pub exit_code: Option<i32>,
     /// Why the job is where it is, in words.
     pub why: String,
-    pub decision: Option<Decision>,
+    /// Boxed: most jobs in a deep queue have none, and a job record should stay small.
+    pub decision: Option<Box<Decision>>,
     /// Sites that refused or timed out an offer, and until when they are skipped for this job.
     pub refused_until: Vec<(SiteId, Millis)>,
     /// Expected terms at the chosen site, from the decision.
-    pub estimate: Option<Terms>,
+    pub estimate: Option<Box<Terms>>,
     pub metered: Amounts,
     pub runtime_ms: u64,
     pub checkpoint: Option<String>,
@@ -310,7 +311,8 @@ impl Job {
             checkpoint: None,
             cancel_requested: false,
             retry_at_ms: None,
-            history: vec![(now, "submitted".into())],
+            // "submitted" is implied by `submitted_ms` (and shown by the views): nothing to allocate for it.
+            history: Vec::new(),
             runs: Vec::new(),
         }
     }

@@ -66,13 +66,13 @@ pub fn job_view(
             .assignment
             .as_ref()
             .map(|a| a.pool.clone())
-            .or_else(|| chosen(job.decision.as_ref()).map(|c| c.pool.clone())),
+            .or_else(|| chosen(job.decision.as_deref()).map(|c| c.pool.clone())),
         why: job.why.clone(),
         submitted_at_ms: job.submitted_ms,
         started_at_ms: job.started_ms,
         finished_at_ms: job.finished_ms,
         exit_code: job.exit_code,
-        estimate: job.estimate.as_ref().map(amounts),
+        estimate: job.estimate.as_deref().map(amounts),
         user_rtt_ms,
         metered: job.metered,
         runtime_ms: job.runtime_ms,
@@ -92,7 +92,7 @@ fn last_site(job: &Job) -> Option<meridian_federation::SiteId> {
     if job.attempt == 0 {
         return None;
     }
-    chosen(job.decision.as_ref()).map(|c| c.site.clone())
+    chosen(job.decision.as_deref()).map(|c| c.site.clone())
 }
 
 pub fn site_view(site: &Site) -> SiteView {
@@ -122,10 +122,14 @@ pub fn site_view(site: &Site) -> SiteView {
     }
 }
 
+/// A job's explanation with the decision it was placed by (or, for a waiting job, the decision placement would
+/// make now: see `Reactor::explain`).
 pub fn explain_view(job: &Job) -> ExplainView {
-    let pruned = job
-        .decision
-        .as_ref()
+    explain_with(job, job.decision.as_deref())
+}
+
+pub fn explain_with(job: &Job, decision: Option<&Decision>) -> ExplainView {
+    let pruned = decision
         .map(|d| {
             d.pruned
                 .iter()
@@ -136,7 +140,7 @@ pub fn explain_view(job: &Job) -> ExplainView {
                 .collect()
         })
         .unwrap_or_default();
-    let (policy, decided_at_ms, candidates) = match &job.decision {
+    let (policy, decided_at_ms, candidates) = match decision {
         Some(d) => (
             d.policy.to_string(),
             Some(d.at_ms),
@@ -169,10 +173,19 @@ pub fn explain_view(job: &Job) -> ExplainView {
         decided_at_ms,
         candidates,
         pruned,
-        history: job
-            .history
-            .iter()
-            .map(|(t, what)| format!("{t} {what}"))
-            .collect(),
+        history: history(job),
     }
+}
+
+/// A job's history as lines, starting with its submission (which records of format 1 also hold as an entry).
+fn history(job: &Job) -> Vec<String> {
+    let submitted = job
+        .history
+        .first()
+        .is_some_and(|(_, what)| what == "submitted");
+    let first = (!submitted).then(|| format!("{} submitted", job.submitted_ms));
+    first
+        .into_iter()
+        .chain(job.history.iter().map(|(t, what)| format!("{t} {what}")))
+        .collect()
 }

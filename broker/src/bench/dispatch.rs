@@ -311,7 +311,7 @@ impl Scratch {
 
 /// From the last `recovered N jobs and M sites from [a snapshot and] K journal records (B batches) in T ms` line
 /// of the broker's log: (T, K).
-fn last_recovery(log: &str) -> Option<(u64, u64)> {
+pub(super) fn last_recovery(log: &str) -> Option<(u64, u64)> {
     let line = log.lines().rfind(|l| l.contains("recovered "))?;
     let ms = line
         .rsplit(" in ")

@@ -8,6 +8,7 @@
 #![allow(clippy::disallowed_methods)] // a benchmark: reads the clock
 
 pub mod dispatch;
+pub mod queue;
 
 use crate::sim::trace::{city, SplitMix64, CITIES};
 use meridian_core::index::SiteIndex;

@@ -7,8 +7,8 @@ use futures::StreamExt;
 use meridian_core::reactor::{Event, Response, StepError};
 use meridian_federation::subjects::{self, SiteTopic};
 use meridian_federation::{
-    decode, encode, ApiReply, DrainRequest, Empty, ErrorBody, ErrorCode, JobId, JobRef, JobSpec,
-    LogsReply, LogsRequest, SiteId, WireError, WIRE_VERSION,
+    decode, decode_strict, encode, ApiReply, DrainRequest, Empty, ErrorBody, ErrorCode, JobId,
+    JobRef, JobSpec, LogsReply, LogsRequest, SiteId, WireError, WIRE_VERSION,
 };
 use serde::Serialize;
 use std::time::Duration;
@@ -112,7 +112,7 @@ fn admin(h: &BrokerHandle, token: Option<&str>) -> Result<(), Reply> {
 pub async fn call(h: &BrokerHandle, c: Call) -> Reply {
     match c {
         Call::Submit(body) => {
-            let spec = match decode::<JobSpec>(&body) {
+            let spec = match decode_strict::<JobSpec>(&body) {
                 Ok(s) => s,
                 Err(e) => return wire(e),
             };
@@ -127,7 +127,7 @@ pub async fn call(h: &BrokerHandle, c: Call) -> Reply {
             }
         }
         Call::Report(body) => {
-            let req = match decode::<meridian_federation::ReportRequest>(&body) {
+            let req = match decode_strict::<meridian_federation::ReportRequest>(&body) {
                 Ok(r) => r,
                 Err(e) => return wire(e),
             };
@@ -224,7 +224,7 @@ pub async fn call(h: &BrokerHandle, c: Call) -> Reply {
             _ => unavailable(),
         },
         Call::ScaleIn(body) => {
-            let r = match decode::<meridian_federation::ScaleInRequest>(&body) {
+            let r = match decode_strict::<meridian_federation::ScaleInRequest>(&body) {
                 Ok(r) => r,
                 Err(e) => return wire(e),
             };
@@ -329,19 +329,23 @@ pub async fn serve_nats(h: BrokerHandle, mut sub: async_nats::Subscriber) {
 
 fn nats_call(subject: &str, payload: Bytes) -> Result<Call, Reply> {
     use subjects::api;
-    let job = |p: &Bytes| decode::<JobRef>(p).map(|r| r.job.to_string()).map_err(wire);
+    let job = |p: &Bytes| {
+        decode_strict::<JobRef>(p)
+            .map(|r| r.job.to_string())
+            .map_err(wire)
+    };
     Ok(match subject {
         api::SUBMIT => Call::Submit(payload),
         api::REPORT => Call::Report(payload),
         api::TENANCY => {
-            let r = decode::<meridian_federation::TenancyRequest>(&payload).map_err(wire)?;
+            let r = decode_strict::<meridian_federation::TenancyRequest>(&payload).map_err(wire)?;
             Call::Tenancy {
                 token: Some(r.token),
                 toml: r.toml,
             }
         }
         api::JOURNAL_FORMAT => {
-            let r = decode::<meridian_federation::FormatRequest>(&payload).map_err(wire)?;
+            let r = decode_strict::<meridian_federation::FormatRequest>(&payload).map_err(wire)?;
             Call::Format {
                 token: Some(r.token),
                 upgrade: r.upgrade,
@@ -361,7 +365,7 @@ fn nats_call(subject: &str, payload: Bytes) -> Result<Call, Reply> {
         }
         api::SCALE_IN => Call::ScaleIn(payload),
         api::DRAIN => {
-            let d = decode::<DrainRequest>(&payload).map_err(wire)?;
+            let d = decode_strict::<DrainRequest>(&payload).map_err(wire)?;
             Call::Drain(d.site.to_string(), d.drain)
         }
         other => {
@@ -378,5 +382,5 @@ fn empty(payload: &Bytes) -> Result<(), Reply> {
     if payload.is_empty() {
         return Ok(());
     }
-    decode::<Empty>(payload).map(|_| ()).map_err(wire)
+    decode_strict::<Empty>(payload).map(|_| ()).map_err(wire)
 }

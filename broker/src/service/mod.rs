@@ -196,6 +196,7 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
         site_lost_after_ms: cfg.site_lost_after_ms,
         offer_timeout_ms: cfg.offer_timeout_ms,
         refusal_cooldown_ms: cfg.offer_timeout_ms.max(2_000) * 2,
+        exhaustive_passes: false,
     };
     let throughput = match &cfg.throughput {
         Some(path) => {
@@ -536,11 +537,13 @@ async fn reactor_loop(
     let mut inputs = Vec::with_capacity(MAX_BATCH);
     let mut was_down = false;
     loop {
+        // Timers run after every batch (so capacity a batch frees is refilled at once, not at the next clock
+        // tick), and on the clock when nothing arrives.
         let mut tick = tokio::select! {
             input = rx.recv() => match input {
                 Some(input) => {
                     inputs.push(input);
-                    false
+                    true
                 }
                 None => return Ok(()),
             },
@@ -637,7 +640,7 @@ fn answer(reactor: &Reactor<BufferJournal>, q: Query) -> Answer {
                 .get(&id)
                 .map(|j| views::job_view(j, st.sites(), reactor.rtt())),
         ),
-        Query::Explain(id) => Answer::Explain(st.jobs().get(&id).map(views::explain_view)),
+        Query::Explain(id) => Answer::Explain(reactor.explain(&id, now_ms())),
         Query::Sites => Answer::Sites(st.sites().values().map(views::site_view).collect()),
         Query::Format => Answer::Format(st.format()),
         Query::Tenancy => Answer::Tenancy(st.tenancy_toml().map(str::to_owned)),

@@ -91,6 +91,7 @@ pub fn run(
         site_lost_after_ms: u64::MAX / 4,
         offer_timeout_ms: u64::MAX / 4,
         refusal_cooldown_ms: 60_000,
+        exhaustive_passes: false,
     };
     let baseline = match ranking {
         Ranking::Baseline(b) => Some(*b),

@@ -23,8 +23,22 @@ impl<J: Journal> Reactor<J> {
                 }
                 _ => {}
             }
-            if job.phase == JobPhase::Pending && !self.state.pending.contains(&job.id) {
-                return Err(format!("{} is pending but not in the pending set", job.id));
+            if (job.phase == JobPhase::Pending) != self.state.waiting.contains(&job.id) {
+                return Err(format!(
+                    "{} is {:?} but the waiting index says otherwise",
+                    job.id, job.phase
+                ));
+            }
+            if job.phase == JobPhase::Pending {
+                let timer = job
+                    .refused_until
+                    .iter()
+                    .map(|(_, u)| *u)
+                    .chain(job.retry_at_ms)
+                    .min();
+                if self.state.waiting.timer_of(&job.id) != timer {
+                    return Err(format!("{}'s timer is not filed as {timer:?}", job.id));
+                }
             }
             if job.phase == JobPhase::Offered && !self.state.offered.contains(&job.id) {
                 return Err(format!("{} is offered but not in the offered set", job.id));

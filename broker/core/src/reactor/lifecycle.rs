@@ -50,7 +50,6 @@ impl<J: Journal> Reactor<J> {
         let id = JobId::numbered(self.state.next_job);
         self.state.by_key.insert(key, id.clone());
         self.state.active.insert(id.clone());
-        self.state.pending.insert(id.clone());
         self.state
             .jobs
             .insert(id.clone(), Job::new(id.clone(), spec, now));
@@ -71,6 +70,7 @@ impl<J: Journal> Reactor<J> {
                 job.finished_ms = Some(now);
                 job.why = "cancelled while pending".into();
                 job.note(now, "cancelled while pending");
+                self.state.waiting.remove(id);
             }
             JobPhase::Offered | JobPhase::Running => {
                 job.phase = JobPhase::Cancelling;
@@ -151,7 +151,6 @@ impl<J: Journal> Reactor<J> {
         self.release(id);
         if let Some(job) = self.state.jobs.get_mut(id) {
             job.phase = JobPhase::Pending;
-            self.state.pending.insert(id.clone());
             job.assignment = None;
             job.offered_ms = None;
             if restart_wait {
@@ -160,6 +159,7 @@ impl<J: Journal> Reactor<J> {
             job.note(now, why.clone());
             job.why = why;
         }
+        self.file_waiting(id);
     }
 
     pub(super) fn release(&mut self, id: &JobId) {
@@ -169,6 +169,7 @@ impl<J: Journal> Reactor<J> {
         if !job.holds_devices() {
             return;
         }
+        self.released += 1;
         if let Some(a) = &job.assignment {
             if let Some(site) = self.state.sites.get_mut(&a.site) {
                 site.apply_reservation(&a.pool, &a.devices, false);

@@ -18,17 +18,8 @@ impl<J: Journal> Reactor<J> {
     /// Whether a tick would change durable state: a waiting job's timer is due, capacity changed since waiting
     /// jobs were last tried, or (format 1, where the tick judged them) a site or an offer timed out.
     pub(super) fn tick_due(&self, now: Millis) -> bool {
-        let jobs = |set: &'_ std::collections::BTreeSet<JobId>| {
-            set.iter()
-                .filter_map(|id| self.state.jobs.get(id))
-                .collect::<Vec<_>>()
-        };
-        let retry = jobs(&self.state.pending).into_iter().any(|j| {
-            j.phase == JobPhase::Pending
-                && (self.state.dirty
-                    || j.retry_at_ms.is_some_and(|t| t <= now)
-                    || j.refused_until.iter().any(|(_, u)| *u <= now))
-        });
+        let retry = !self.state.waiting.is_empty()
+            && (self.state.dirty || self.state.waiting.timer_due(now));
         retry
             || (self.state.format() < super::JOURNALED_DECISIONS
                 && !self.due_decisions(now).is_empty())

@@ -9,6 +9,7 @@ mod liveness;
 mod scheduling;
 mod state;
 mod tenancy;
+mod waiting;
 
 pub use events::{Command, Event, Response, StepError};
 pub use invariants::QuotaLimit;
@@ -39,6 +40,9 @@ pub struct CoreConfig {
     pub offer_timeout_ms: u64,
     /// How long a site that refused an offer is skipped for that job.
     pub refusal_cooldown_ms: u64,
+    /// Try every waiting job in every pass, instead of passing over a group whose first job is blocked: the
+    /// reference the grouped passes are tested against.
+    pub exhaustive_passes: bool,
 }
 
 impl Default for CoreConfig {
@@ -47,6 +51,7 @@ impl Default for CoreConfig {
             site_lost_after_ms: 10_000,
             offer_timeout_ms: 5_000,
             refusal_cooldown_ms: 10_000,
+            exhaustive_passes: false,
         }
     }
 }
@@ -66,6 +71,8 @@ pub struct Reactor<J: Journal> {
     tenancy: Option<Tenancy>,
     journal: J,
     outbox: Vec<Command>,
+    /// Reservations released so far (not state: a scheduling pass reads it to notice capacity coming free).
+    released: u64,
 }
 
 impl<J: Journal> Reactor<J> {
@@ -83,6 +90,7 @@ impl<J: Journal> Reactor<J> {
             tenancy: None,
             journal,
             outbox: Vec::new(),
+            released: 0,
         }
     }
 
@@ -181,6 +189,20 @@ impl<J: Journal> Reactor<J> {
     fn check(&self, now: Millis, event: &Event) -> Result<(), StepError> {
         match event {
             Event::Submit(spec) => {
+                // Time-dependent checks happen here, before the journal; replay never repeats them. (A known
+                // idempotency key returns its job whatever the time.)
+                let known = self
+                    .state
+                    .by_key
+                    .contains_key(&(spec.tenant.clone(), spec.idempotency_key.clone()));
+                if let Some(deadline) = spec.window.deadline_ms.filter(|d| *d <= now && !known) {
+                    return Err(StepError::Invalid {
+                        field: "window.deadline_ms".into(),
+                        problem: format!(
+                            "{deadline} is already past (now is {now}): the job could never finish in time"
+                        ),
+                    });
+                }
                 if let Some(t) = &self.tenancy {
                     t.queue_of(&spec.tenant, spec.queue.as_deref())
                         .map_err(|problem| StepError::Invalid {
@@ -366,6 +388,8 @@ impl<J: Journal> Reactor<J> {
                     Ok(t) => {
                         self.tenancy = Some(t);
                         self.state.tenancy_toml = Some(toml);
+                        // Queues and priorities decide how waiting jobs are filed.
+                        self.refile_all();
                         self.state.dirty = true;
                         self.try_pending(now);
                     }
@@ -431,17 +455,12 @@ impl<J: Journal> Reactor<J> {
             if !job.phase.is_terminal() {
                 st.active.insert(job.id.clone());
             }
-            match job.phase {
-                JobPhase::Pending => {
-                    st.pending.insert(job.id.clone());
-                }
-                JobPhase::Offered => {
-                    st.offered.insert(job.id.clone());
-                }
-                _ => {}
+            if job.phase == JobPhase::Offered {
+                st.offered.insert(job.id.clone());
             }
             st.jobs.insert(job.id.clone(), job);
         }
         self.state = st;
+        self.refile_all();
     }
 }

@@ -1,63 +1,116 @@
 //! Scheduling: which waiting jobs are tried, in what order, and placing one of them.
 
+use super::waiting::{tenant_owner, Group, GroupKey};
 use super::{Command, Reactor};
 use crate::journal::Journal;
 use crate::model::Assignment;
 use crate::placement::{self, Outcome, Request, View};
 use crate::Millis;
 use meridian_federation::{JobId, JobPhase, JobSpec, Offer, SiteId, TenantId, WIRE_VERSION};
-use std::collections::{BTreeMap, HashMap};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
 
 /// Accelerator time older than this does not count towards a queue's fair share.
 pub const FAIR_SHARE_WINDOW_MS: u64 = 24 * 3_600_000;
 
 impl<J: Journal> Reactor<J> {
-    /// Tries every pending job, oldest first.
+    /// A scheduling pass. When capacity changed (`dirty`), every waiting job may be tried, in fair order: group
+    /// by group (see [`super::waiting`]), a group whose first job is blocked is passed over; groups passed over
+    /// are looked at again if the pass frees capacity (a preemption) or, for those held by quota, places a job.
+    /// Otherwise only the jobs whose timers are due are tried.
     pub(super) fn try_pending(&mut self, now: Millis) {
-        let jobs = &self.state.jobs;
-        self.state
-            .pending
-            .retain(|id| jobs.get(id).is_some_and(|j| j.phase == JobPhase::Pending));
-        let due: Vec<JobId> = self
-            .state
-            .pending
-            .iter()
-            .filter_map(|id| self.state.jobs.get(id))
-            .filter(|j| {
-                j.phase == JobPhase::Pending
-                    && (self.state.dirty
-                        || j.retry_at_ms.is_some_and(|t| t <= now)
-                        || j.refused_until.iter().any(|(_, u)| *u <= now))
-            })
-            .map(|j| j.id.clone())
-            .collect();
-        if due.is_empty() {
+        let dirty = self.state.dirty;
+        if self.state.waiting.is_empty() {
             // Nothing waits: whether capacity changed stays as it was (so a tick that is not journaled changes
             // nothing that replay would not).
             return;
         }
-        self.state.dirty = false;
-        let mut due = due;
-        if let Some(t) = &self.tenancy {
-            self.fair_order(t, now, &mut due);
+        let due = if dirty {
+            Vec::new()
+        } else {
+            self.state.waiting.due(now)
+        };
+        if !dirty && due.is_empty() {
+            return;
         }
+        self.state.dirty = false;
+        let order = self.order(now);
         let mut quota = None;
-        for id in due {
-            self.try_place_with(now, &id, &mut quota);
+        if !dirty {
+            let mut keyed: Vec<(OrderKey, JobId)> = due
+                .into_iter()
+                .map(|id| {
+                    let k = self
+                        .state
+                        .waiting
+                        .group_of(&id)
+                        .and_then(|g| self.state.waiting.group(g))
+                        .map_or(OrderKey::missing(), |g| order.key(g));
+                    (k, id)
+                })
+                .collect();
+            keyed.sort();
+            for (_, id) in keyed {
+                self.try_place_with(now, &id, &mut quota);
+            }
+            return;
+        }
+        let stamp = self.state.waiting.stamp();
+        let mut heads: BinaryHeap<Reverse<(OrderKey, JobId, u32)>> = BinaryHeap::new();
+        let groups: Vec<(u32, OrderKey)> = self
+            .state
+            .waiting
+            .groups()
+            .map(|(g, group)| (g, order.key(group)))
+            .collect();
+        for (g, key) in groups {
+            if let Some(head) = self.state.waiting.next_in(g, None, stamp) {
+                heads.push(Reverse((key, head, g)));
+            }
+        }
+        // Groups passed over: (group, order key, the job tried last, blocked by quota rather than capacity).
+        let mut held: Vec<(u32, OrderKey, JobId, bool)> = Vec::new();
+        while let Some(Reverse((key, id, g))) = heads.pop() {
+            let tried = self.try_place_with(now, &id, &mut quota);
+            let mut reopen = |only_quota: bool, heads: &mut BinaryHeap<_>| {
+                held.retain(|(hg, hk, last, by_quota)| {
+                    if only_quota && !by_quota {
+                        return true;
+                    }
+                    if let Some(next) = self.state.waiting.next_in(*hg, Some(last), stamp) {
+                        heads.push(Reverse((*hk, next, *hg)));
+                    }
+                    false
+                });
+            };
+            if tried.preempted {
+                reopen(false, &mut heads);
+            } else if tried.placed {
+                reopen(true, &mut heads);
+            }
+            match tried.blocked.filter(|_| !self.config.exhaustive_passes) {
+                Some(by_quota) => held.push((g, key, id, by_quota)),
+                None => {
+                    if let Some(next) = self.state.waiting.next_in(g, Some(&id), stamp) {
+                        heads.push(Reverse((key, next, g)));
+                    }
+                }
+            }
         }
     }
 
-    /// Orders waiting jobs for dominant-resource fairness between queues: the queue with the smallest dominant
-    /// share of recent accelerator time goes first (then higher priority, then the oldest job). A queue's share
-    /// of a kind (GPU, NPU, …) is its accelerator time over the last [`FAIR_SHARE_WINDOW_MS`] — running
-    /// attempts included — over the federation's capacity of that kind for as long; both are in reference
-    /// device-time, each model weighted by the relative-throughput table, so an hour of H100 counts for more
-    /// than an hour of L4. The dominant share is the largest over the kinds.
-    pub(super) fn fair_order(&self, t: &crate::quota::Tenancy, now: Millis, due: &mut [JobId]) {
+    /// How waiting jobs are ordered: with a tenancy, for dominant-resource fairness between queues — the queue
+    /// with the smallest dominant share of recent accelerator time first, then higher priority — and the oldest
+    /// job first within that; without one, oldest first. A queue's share of a kind (GPU, NPU, …) is its
+    /// accelerator time over the last [`FAIR_SHARE_WINDOW_MS`] — running attempts included — over the
+    /// federation's capacity of that kind for as long; both are in reference device-time, each model weighted by
+    /// the relative-throughput table, so an hour of H100 counts for more than an hour of L4. The dominant share
+    /// is the largest over the kinds.
+    fn order(&self, now: Millis) -> Order {
         use meridian_federation::AcceleratorKind;
-        if due.len() < 2 {
-            return;
-        }
+        let Some(t) = &self.tenancy else {
+            return Order::default();
+        };
         let from = now.saturating_sub(FAIR_SHARE_WINDOW_MS);
         let mut capacity: BTreeMap<AcceleratorKind, f64> = BTreeMap::new();
         for site in self.state.sites.values().filter(|s| s.up) {
@@ -100,35 +153,77 @@ impl<J: Journal> Reactor<J> {
                     run.milli as f64 * overlap as f64 * self.throughput.factor(&run.model);
             }
         }
-        let dominant = |queue: &str| {
-            used.iter()
-                .filter(|((q, _), _)| q == queue)
-                .map(|((_, kind), u)| u / capacity.get(kind).copied().unwrap_or(f64::INFINITY))
-                .fold(0.0f64, f64::max)
+        let mut dominant: HashMap<String, f64> = HashMap::new();
+        for ((q, kind), u) in &used {
+            let share = u / capacity.get(kind).copied().unwrap_or(f64::INFINITY);
+            let d = dominant.entry(q.clone()).or_insert(0.0);
+            *d = d.max(share);
+        }
+        Order {
+            tenancy: true,
+            dominant,
+        }
+    }
+
+    /// Files a pending job in the waiting index (again, after anything that may change its group or timer).
+    pub(super) fn file_waiting(&mut self, id: &JobId) {
+        let Some(job) = self.state.jobs.get(id) else {
+            return;
         };
-        // A total order: jobs whose queue no longer exists (an administrator removed it) go last, by id.
-        type Key = (bool, f64, std::cmp::Reverse<i32>);
-        let key = |id: &JobId| -> Key {
-            let Some(job) = self.state.jobs.get(id) else {
-                return (true, 0.0, std::cmp::Reverse(0));
-            };
-            let Ok(q) = t.queue_of(&job.spec.tenant, job.spec.queue.as_deref()) else {
-                return (true, 0.0, std::cmp::Reverse(0));
-            };
-            let p = t
-                .priority_of(job.spec.priority.as_deref())
-                .unwrap_or(t.default_priority);
-            (false, dominant(&q.name), std::cmp::Reverse(p))
+        if job.phase != JobPhase::Pending {
+            self.state.waiting.remove(id);
+            return;
+        }
+        let (owner, queue, priority, demand) = match &self.tenancy {
+            Some(t) => {
+                let priority = t
+                    .priority_of(job.spec.priority.as_deref())
+                    .unwrap_or(t.default_priority);
+                match t.queue_of(&job.spec.tenant, job.spec.queue.as_deref()) {
+                    Ok(q) => {
+                        let demand = Self::spec_demand(&job.spec)
+                            .into_iter()
+                            .map(|(c, m)| (q.name.clone(), c, m))
+                            .collect();
+                        (q.name.clone(), Some(q.name.clone()), priority, demand)
+                    }
+                    Err(_) => (tenant_owner(&job.spec.tenant), None, priority, Vec::new()),
+                }
+            }
+            None => (tenant_owner(&job.spec.tenant), None, 0, Vec::new()),
         };
-        let mut keyed: Vec<(Key, JobId)> = due.iter().map(|id| (key(id), id.clone())).collect();
-        keyed.sort_by(|(ka, a), (kb, b)| {
-            ka.0.cmp(&kb.0)
-                .then(ka.1.total_cmp(&kb.1))
-                .then(ka.2.cmp(&kb.2))
-                .then_with(|| a.cmp(b))
-        });
-        for (slot, (_, id)) in due.iter_mut().zip(keyed) {
-            *slot = id;
+        let key = GroupKey {
+            owner,
+            priority,
+            shape: shape(&job.spec),
+            solo: (!job.refused_until.is_empty()).then(|| id.clone()),
+        };
+        let timer = job
+            .refused_until
+            .iter()
+            .map(|(_, u)| *u)
+            .chain(job.retry_at_ms)
+            .min();
+        self.state.waiting.file(id, key, queue, timer, demand);
+    }
+
+    /// Files every pending job again (the tenancy changed, or the state was restored).
+    pub(super) fn refile_all(&mut self) {
+        self.state.waiting = Default::default();
+        let pending: Vec<JobId> = self
+            .state
+            .active
+            .iter()
+            .filter(|id| {
+                self.state
+                    .jobs
+                    .get(*id)
+                    .is_some_and(|j| j.phase == JobPhase::Pending)
+            })
+            .cloned()
+            .collect();
+        for id in pending {
+            self.file_waiting(&id);
         }
     }
 
@@ -143,30 +238,45 @@ impl<J: Journal> Reactor<J> {
         now: Millis,
         id: &JobId,
         quota: &mut Option<crate::quota::QuotaView>,
-    ) {
+    ) -> Tried {
         let Some(job) = self.state.jobs.get_mut(id) else {
-            return;
+            return Tried::default();
         };
         if job.phase != JobPhase::Pending {
-            return;
+            return Tried::default();
         }
         job.refused_until.retain(|(_, u)| *u > now);
+        let released = self.released;
+        let mut tried = Tried::default();
         if !self.admit_before_placement(now, id, quota) {
-            return;
-        }
-        let Some(decision) = self.decide(now, id, quota) else {
-            return;
-        };
-        match &decision.outcome {
-            Outcome::Wait(wait) => {
-                let wait = wait.clone();
-                self.record_wait(now, id, &wait, decision);
+            tried.blocked = Some(true);
+        } else if let Some(decision) = self.decide(now, id, quota) {
+            match &decision.outcome {
+                Outcome::Wait(wait) => {
+                    let wait = wait.clone();
+                    if matches!(
+                        wait,
+                        placement::Wait::Busy { burst_in_ms: None }
+                            | placement::Wait::NoSiteFits { .. }
+                    ) {
+                        tried.blocked = Some(false);
+                    }
+                    self.record_wait(now, id, &wait, decision);
+                }
+                Outcome::Place(choice) => {
+                    let choice = choice.clone();
+                    self.offer(now, id, &choice, decision);
+                    tried.placed = true;
+                }
             }
-            Outcome::Place(choice) => {
-                let choice = choice.clone();
-                self.offer(now, id, &choice, decision);
-            }
         }
+        tried.preempted = self.released != released;
+        if tried.preempted {
+            tried.blocked = None;
+        }
+        // Its group or timer may have changed (a refusal ran out; a new retry time).
+        self.file_waiting(id);
+        tried
     }
 
     /// Quota first, on the classes the job counts against whatever pool it gets: a job its queue cannot take
@@ -251,6 +361,26 @@ impl<J: Journal> Reactor<J> {
         Some(decision)
     }
 
+    /// A job's explanation. A waiting job's candidates are those placement would weigh now; a placed job's,
+    /// those of the decision that placed it.
+    pub fn explain(&self, id: &JobId, now: Millis) -> Option<meridian_federation::ExplainView> {
+        let job = self.state.jobs.get(id)?;
+        if job.phase != JobPhase::Pending {
+            return Some(crate::views::explain_view(job));
+        }
+        let refused: Vec<SiteId> = job.refused_sites(now).cloned().collect();
+        let capped = self.capped_pools(job, &mut None);
+        let request = Request {
+            spec: &job.spec,
+            waited_ms: now.saturating_sub(job.waiting_since_ms),
+            refused: &refused,
+            capped: &capped,
+            baseline: self.baseline,
+        };
+        let decision = placement::place(self.view(), request, now);
+        Some(crate::views::explain_with(job, Some(&decision)))
+    }
+
     /// What placement reads of the state.
     pub(super) fn view(&self) -> View<'_> {
         View {
@@ -282,7 +412,10 @@ impl<J: Journal> Reactor<J> {
             _ => wait.to_string(),
         };
         job.retry_at_ms = wait.retry_at(now).or(next_refusal);
-        job.decision = Some(decision);
+        // A waiting job keeps only why it waits: its candidates are worked out again when it is explained (see
+        // `Reactor::explain`), so a deep queue costs little memory.
+        drop(decision);
+        job.decision = None;
     }
 
     /// The job is placed: a new attempt, its devices reserved and an offer sent to the site.
@@ -315,6 +448,7 @@ impl<J: Journal> Reactor<J> {
         job.attempt += 1;
         job.phase = JobPhase::Offered;
         self.state.offered.insert(id.clone());
+        self.state.waiting.remove(id);
         job.offered_ms = Some(now);
         job.retry_at_ms = None;
         job.assignment = Some(Assignment {
@@ -323,7 +457,7 @@ impl<J: Journal> Reactor<J> {
             tier: choice.tier,
             devices: choice.devices.clone(),
         });
-        job.estimate = Some(choice.terms.clone());
+        job.estimate = Some(Box::new(choice.terms.clone()));
         job.runs.push(crate::model::Run {
             attempt: job.attempt,
             site: choice.site.clone(),
@@ -356,7 +490,7 @@ impl<J: Journal> Reactor<J> {
             spec: job.spec.clone(),
             resume_from: job.checkpoint.clone(),
         };
-        job.decision = Some(decision);
+        job.decision = Some(Box::new(decision));
         if let Some(s) = self.state.sites.get_mut(&choice.site) {
             s.apply_reservation(&choice.pool, &choice.devices, true);
         }
@@ -398,4 +532,112 @@ impl<J: Journal> Reactor<J> {
         let used = crate::budget::used(self.state.jobs.values(), &b.tenant, from, to);
         crate::budget::over(b, &used, &expected)
     }
+}
+
+/// What a try of one waiting job came to.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Tried {
+    pub placed: bool,
+    /// It preempted other work (capacity came free).
+    pub preempted: bool,
+    /// It is blocked in a way every job of its group is (`Some(true)`: by quota before placement;
+    /// `Some(false)`: no site has room for its shape, or none fits it).
+    pub blocked: Option<bool>,
+}
+
+/// The fair order of waiting jobs (see [`Reactor::order`]): a key per group, then the job id.
+#[derive(Clone, Debug, Default)]
+struct Order {
+    tenancy: bool,
+    dominant: HashMap<String, f64>,
+}
+
+impl Order {
+    fn key(&self, g: &Group) -> OrderKey {
+        if !self.tenancy {
+            return OrderKey::default();
+        }
+        match &g.queue {
+            // Jobs whose queue no longer exists (an administrator removed it) go last.
+            None => OrderKey::missing(),
+            Some(q) => OrderKey {
+                missing: false,
+                share: self.dominant.get(q).copied().unwrap_or(0.0),
+                priority: Reverse(g.key.priority),
+            },
+        }
+    }
+}
+
+/// Orders by queue missing, dominant share, then higher priority first: a total order (shares compared with
+/// `total_cmp`).
+#[derive(Clone, Copy, Debug, Default)]
+struct OrderKey {
+    missing: bool,
+    share: f64,
+    priority: Reverse<i32>,
+}
+
+impl OrderKey {
+    fn missing() -> Self {
+        OrderKey {
+            missing: true,
+            share: 0.0,
+            priority: Reverse(0),
+        }
+    }
+}
+
+impl PartialEq for OrderKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == std::cmp::Ordering::Equal
+    }
+}
+
+impl Eq for OrderKey {}
+
+impl PartialOrd for OrderKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for OrderKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.missing
+            .cmp(&other.missing)
+            .then(self.share.total_cmp(&other.share))
+            .then(self.priority.cmp(&other.priority))
+    }
+}
+
+/// What tells waiting jobs apart for placement and quota: their resources, replicas, constraints, required
+/// datasets, start window and (with a deadline) expected duration, encoded.
+fn shape(spec: &JobSpec) -> Vec<u8> {
+    #[derive(serde::Serialize)]
+    struct Shape<'a> {
+        kind: meridian_federation::JobKind,
+        resources: &'a meridian_federation::Resources,
+        replicas: u32,
+        constraints: &'a meridian_federation::Constraints,
+        must: Vec<&'a str>,
+        window: &'a meridian_federation::Window,
+        duration_s: Option<u64>,
+    }
+    let must = spec
+        .datasets
+        .iter()
+        .filter(|d| d.locality == meridian_federation::Locality::Must)
+        .map(|d| d.name.as_str())
+        .collect();
+    serde_json::to_vec(&Shape {
+        kind: spec.kind,
+        resources: &spec.resources,
+        replicas: spec.replicas,
+        constraints: &spec.constraints,
+        must,
+        window: &spec.window,
+        duration_s: spec.window.deadline_ms.and(spec.duration_s),
+    })
+    .unwrap_or_default()
 }

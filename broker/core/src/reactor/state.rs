@@ -16,9 +16,9 @@ pub struct State {
     /// Every job not yet finished (and, until pruned, some that just finished): what timers and retries scan,
     /// so their cost follows the live jobs, not the whole history.
     pub(crate) active: std::collections::BTreeSet<JobId>,
-    /// Every pending job (and, until pruned, some that left that phase): what `try_pending` scans, so that
-    /// placing waiting work costs in proportion to the waiting jobs, not to all the running ones.
-    pub(crate) pending: std::collections::BTreeSet<JobId>,
+    /// Every pending job, filed by what it needs, with its timers (see [`super::waiting`]): what scheduling
+    /// passes look at, so their cost follows what changed, not the number of waiting jobs.
+    pub(crate) waiting: super::waiting::Waiting,
     /// The tenancy in force, as set through `SetTenancy` (the source of `Reactor::tenancy`).
     pub(crate) tenancy_toml: Option<String>,
     /// The tenancy file's text as last applied at a start: an unchanged file does not undo the administrator's

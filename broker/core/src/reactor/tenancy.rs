@@ -3,7 +3,7 @@
 use super::Reactor;
 use crate::journal::Journal;
 use crate::placement::{self};
-use meridian_federation::{JobId, JobPhase, JobSpec, SiteId};
+use meridian_federation::{JobId, JobSpec, SiteId};
 use std::collections::BTreeMap;
 
 impl<J: Journal> Reactor<J> {
@@ -20,17 +20,9 @@ impl<J: Journal> Reactor<J> {
 
     /// What quota decisions look at now (see [`crate::quota::QuotaView`]).
     pub(super) fn quota_view(&self, t: &crate::quota::Tenancy) -> crate::quota::QuotaView {
-        let waiting = self
-            .state
-            .pending
-            .iter()
-            .filter_map(|p| self.state.jobs.get(p))
-            .filter(|j| j.phase == JobPhase::Pending)
-            .filter_map(|j| {
-                let q = t.queue_of(&j.spec.tenant, j.spec.queue.as_deref()).ok()?;
-                Some((q.name.clone(), Self::spec_demand(&j.spec)))
-            })
-            .collect();
+        // Per queue, the smallest waiting demand of each class: all `admit` asks is whether some job of a queue
+        // fits in what is left of its own quota.
+        let waiting = self.state.waiting.smallest_demands();
         crate::quota::QuotaView::new(self.holdings(t), waiting)
     }
 
