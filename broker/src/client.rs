@@ -102,8 +102,41 @@ impl Client {
         self.call(api::REPORT, req).await
     }
 
+    /// One page of jobs.
+    pub async fn jobs_page(
+        &self,
+        req: &meridian_federation::JobListRequest,
+    ) -> anyhow::Result<meridian_federation::JobPage> {
+        self.call(api::LIST_JOBS, req).await
+    }
+
+    /// Every job the request selects, page by page, up to `limit` of them.
+    pub async fn jobs_matching(
+        &self,
+        mut req: meridian_federation::JobListRequest,
+        limit: Option<usize>,
+    ) -> anyhow::Result<Vec<meridian_federation::JobView>> {
+        let mut out = Vec::new();
+        loop {
+            if let Some(l) = limit {
+                let left = l.saturating_sub(out.len());
+                if left == 0 {
+                    return Ok(out);
+                }
+                req.limit = Some(left.min(meridian_federation::MAX_PAGE as usize) as u32);
+            }
+            let page = self.jobs_page(&req).await?;
+            out.extend(page.jobs);
+            match page.next {
+                Some(next) => req.cursor = Some(next),
+                None => return Ok(out),
+            }
+        }
+    }
+
+    /// Every job, live and archived.
     pub async fn jobs(&self) -> anyhow::Result<Vec<meridian_federation::JobView>> {
-        self.call(api::LIST_JOBS, &Empty { v: WIRE_VERSION }).await
+        self.jobs_matching(Default::default(), None).await
     }
 
     pub async fn job(&self, job: &JobId) -> anyhow::Result<meridian_federation::JobView> {

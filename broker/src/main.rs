@@ -79,8 +79,22 @@ enum Cmd {
     Broker(service::BrokerConfig),
     /// Submit a job spec (TOML or JSON).
     Submit { file: PathBuf },
-    /// List jobs.
-    Jobs,
+    /// List jobs: every one by default (live, then archived), page by page.
+    Jobs {
+        /// At most this many.
+        #[arg(long)]
+        limit: Option<usize>,
+        #[arg(long)]
+        tenant: Option<meridian_federation::TenantId>,
+        /// pending, offered, running, cancelling, succeeded, failed or cancelled.
+        #[arg(long, value_parser = parse_phase)]
+        state: Option<meridian_federation::JobPhase>,
+        #[arg(long)]
+        site: Option<SiteId>,
+        /// Only live jobs (not the archive).
+        #[arg(long)]
+        live: bool,
+    },
     /// List sites.
     Sites,
     /// Explain where a job is placed, or why it waits.
@@ -280,6 +294,12 @@ fn main() {
         }
     };
     std::process::exit(code);
+}
+
+fn parse_phase(s: &str) -> Result<meridian_federation::JobPhase, String> {
+    serde_json::from_value(serde_json::Value::String(s.to_owned())).map_err(|_| {
+        format!("{s:?} is not a job state: pending, offered, running, cancelling, succeeded, failed or cancelled")
+    })
 }
 
 fn print<T: Serialize>(output: Output, value: &T, table: impl FnOnce(&T)) -> anyhow::Result<bool> {
@@ -505,8 +525,25 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
                         )
                     })
                 }
-                Cmd::Jobs => {
-                    let jobs = client.jobs().await?;
+                Cmd::Jobs {
+                    limit,
+                    tenant,
+                    state,
+                    site,
+                    live,
+                } => {
+                    let req = meridian_federation::JobListRequest {
+                        tenant,
+                        state,
+                        site,
+                        scope: if live {
+                            meridian_federation::JobScope::Live
+                        } else {
+                            meridian_federation::JobScope::All
+                        },
+                        ..Default::default()
+                    };
+                    let jobs = client.jobs_matching(req, limit).await?;
                     print(out, &jobs, |jobs| {
                         outln!(
                             "{:<9} {:<20} {:<10} {:<10} {:<16} {:>3}  WHY",

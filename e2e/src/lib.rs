@@ -178,6 +178,32 @@ impl Fed {
         Some(Self::read(Ok(r), "POST"))
     }
 
+    /// Every job, page by page through `GET /v1/jobs` (live ones, then archived ones).
+    pub fn jobs(&self) -> Vec<Value> {
+        self.try_jobs().expect("the job list answers")
+    }
+
+    /// [`Self::jobs`], or `None` if a page did not answer (a broker restarting).
+    pub fn try_jobs(&self) -> Option<Vec<Value>> {
+        let mut out = Vec::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let path = match &cursor {
+                Some(c) => format!("/v1/jobs?limit=1000&cursor={c}"),
+                None => "/v1/jobs?limit=1000".to_owned(),
+            };
+            let (status, v) = self.try_get(&path)?;
+            if status != 200 {
+                return None;
+            }
+            out.extend(v["ok"]["jobs"].as_array()?.iter().cloned());
+            match v["ok"]["next"].as_str() {
+                Some(next) => cursor = Some(next.to_owned()),
+                None => return Some(out),
+            }
+        }
+    }
+
     pub fn get(&self, path: &str) -> (u16, Value) {
         Self::read(self.agent.get(&self.url(path)).call(), "GET")
     }

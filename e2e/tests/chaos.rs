@@ -196,10 +196,8 @@ fn killing_a_broker_an_agent_and_a_nats_node_loses_nothing() {
             plan.sort_by_key(|(t, _)| *t);
         }
         if next == jobs && plan.is_empty() {
-            if let Some((200, v)) = f.try_get("/v1/jobs") {
-                let done = v["ok"]
-                    .as_array()
-                    .unwrap()
+            if let Some(all) = f.try_jobs() {
+                let done = all
                     .iter()
                     .filter(|j| {
                         matches!(
@@ -220,10 +218,8 @@ fn killing_a_broker_an_agent_and_a_nats_node_loses_nothing() {
     let run = start.elapsed();
 
     // The ledger, as the broker reports it.
-    let (_, v) = f.get("/v1/jobs");
-    let ledger: BTreeMap<String, Value> = v["ok"]
-        .as_array()
-        .unwrap()
+    let all = f.jobs();
+    let ledger: BTreeMap<String, Value> = all
         .iter()
         .map(|j| (j["job"].as_str().unwrap().to_owned(), j.clone()))
         .collect();
@@ -329,8 +325,8 @@ fn killing_a_broker_an_agent_and_a_nats_node_loses_nothing() {
 /// Jobs running now, by site (empty when no broker answers).
 fn running_by_site(f: &Fed) -> BTreeMap<String, usize> {
     let mut out = BTreeMap::new();
-    if let Some((200, v)) = f.try_get("/v1/jobs") {
-        for j in v["ok"].as_array().into_iter().flatten() {
+    if let Some(all) = f.try_jobs() {
+        for j in &all {
             if j["phase"] == "running" {
                 if let Some(site) = j["site"].as_str() {
                     *out.entry(site.to_owned()).or_default() += 1;

@@ -125,8 +125,7 @@ fn a_lender_reclaims_its_quota_and_the_preempted_job_resumes_from_its_checkpoint
         String::from_utf8_lossy(&out.stderr)
     );
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let (_, jobs) = f.get("/v1/jobs");
-    let jobs = jobs["ok"].as_array().unwrap();
+    let jobs = f.jobs();
     for field in ["cost_micro_usd", "energy_wh", "co2_g"] {
         let sum: u64 = jobs
             .iter()

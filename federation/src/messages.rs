@@ -866,6 +866,57 @@ pub struct Amounts {
     pub co2_g: u64,
 }
 
+/// Which jobs a listing covers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobScope {
+    /// Live jobs, then archived ones.
+    #[default]
+    All,
+    Live,
+    Archived,
+}
+
+/// List jobs a page at a time: live jobs by id, then archived jobs in the order they were archived. Every filter
+/// is optional; `cursor` is the `next` of the page before.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobListRequest {
+    #[serde(default = "v1")]
+    pub v: u32,
+    #[serde(default)]
+    pub cursor: Option<String>,
+    /// Jobs per page (at most [`MAX_PAGE`]; a page also stops short of the message size limit).
+    #[serde(default)]
+    pub limit: Option<u32>,
+    #[serde(default)]
+    pub scope: JobScope,
+    #[serde(default)]
+    pub tenant: Option<TenantId>,
+    #[serde(default)]
+    pub state: Option<JobPhase>,
+    #[serde(default)]
+    pub site: Option<SiteId>,
+    /// Submitted at or after, ms since the Unix epoch.
+    #[serde(default)]
+    pub from_ms: Option<u64>,
+    /// Submitted before.
+    #[serde(default)]
+    pub to_ms: Option<u64>,
+}
+
+/// The most jobs one page holds.
+pub const MAX_PAGE: u32 = 1000;
+
+/// One page of jobs.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct JobPage {
+    pub jobs: Vec<JobView>,
+    /// The cursor of the next page; absent on the last.
+    #[serde(default)]
+    pub next: Option<String>,
+}
+
 /// One job as the API shows it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct JobView {
@@ -891,6 +942,13 @@ pub struct JobView {
     pub metered: Amounts,
     pub runtime_ms: u64,
     pub checkpoint: Option<String>,
+    /// Waits because no site of the federation can run it as it stands (model, count, memory, residency…);
+    /// sites that join later may. `why` says what the nearest miss lacks.
+    #[serde(default)]
+    pub unsatisfiable: bool,
+    /// The job finished and was archived: it is read from the archive.
+    #[serde(default)]
+    pub archived: bool,
 }
 
 /// One site as the API shows it.

@@ -71,6 +71,20 @@ pub fn parse_site(subject: &str) -> Option<(SiteId, SiteTopic)> {
 pub const JOURNAL_STREAM: &str = "MERIDIAN_JOURNAL";
 pub const JOURNAL: &str = "meridian.v1.journal";
 
+/// Finished jobs leave the broker's live state into this stream, one message per job on [`archived_job`]'s
+/// subject (the latest kept), so any one can be read back by its id.
+pub const ARCHIVE_STREAM: &str = "MERIDIAN_ARCHIVE";
+pub const ARCHIVE_JOBS: &str = "meridian.v1.archive.job.*";
+
+/// The subject of one archived job.
+pub fn archived_job(job: &crate::JobId) -> String {
+    format!("meridian.v1.archive.job.{job}")
+}
+
+/// The metering ledger of archived jobs: one message per archived batch, what reports read.
+pub const LEDGER_STREAM: &str = "MERIDIAN_LEDGER";
+pub const LEDGER: &str = "meridian.v1.ledger";
+
 /// Broker → all agents: [`crate::BrokerHello`]; agents answer by sending their advert.
 pub const BROKER_HELLO: &str = "meridian.v1.broker.hello";
 
@@ -78,7 +92,7 @@ pub const BROKER_HELLO: &str = "meridian.v1.broker.hello";
 pub mod api {
     /// [`crate::JobSpec`] → [`crate::SubmitReply`].
     pub const SUBMIT: &str = "meridian.v1.api.jobs.submit";
-    /// [`crate::Empty`] → `Vec<`[`crate::JobView`]`>`.
+    /// [`crate::JobListRequest`] → [`crate::JobPage`]: live jobs, then archived ones, a page at a time.
     pub const LIST_JOBS: &str = "meridian.v1.api.jobs.list";
     /// [`crate::JobRef`] → [`crate::JobView`].
     pub const GET_JOB: &str = "meridian.v1.api.jobs.get";

@@ -467,6 +467,20 @@ impl Validate for TenancyRequest {
     }
 }
 
+impl Validate for JobListRequest {
+    versioned!(JobListRequest);
+
+    fn validate(&self) -> R {
+        if let Some(l) = self.limit {
+            range_u64("limit", l.into(), 1, MAX_PAGE.into())?;
+        }
+        if let Some(c) = &self.cursor {
+            name("cursor", c, 128)?;
+        }
+        Ok(())
+    }
+}
+
 impl Validate for FormatRequest {
     versioned!(FormatRequest);
 

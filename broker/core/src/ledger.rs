@@ -4,19 +4,52 @@
 //! total exactly.
 
 use super::model::{Job, Run};
-use meridian_federation::{ReportRequest, ReportRow, ReportView};
+use super::Millis;
+use meridian_federation::{AcceleratorKind, JobId, ReportRequest, ReportRow, ReportView, TenantId};
 use std::collections::{BTreeMap, BTreeSet};
 
+/// What the ledger needs of a job: taken from its record while it is live, and kept in the archive's ledger
+/// once it is archived.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LedgerEntry {
+    pub job: JobId,
+    pub tenant: TenantId,
+    pub kind: AcceleratorKind,
+    pub submitted_ms: Millis,
+    pub runs: Vec<Run>,
+}
+
+impl LedgerEntry {
+    pub fn of(job: &Job) -> Self {
+        LedgerEntry {
+            job: job.id.clone(),
+            tenant: job.spec.tenant.clone(),
+            kind: job.spec.resources.kind,
+            submitted_ms: job.submitted_ms,
+            runs: job.runs.clone(),
+        }
+    }
+}
+
+/// Adds a run to a row. Sums saturate: one that would overflow stays at `u64::MAX` rather than wrap around
+/// (metered quantities are bounded at the wire, so only absurd totals get there).
 fn add(row: &mut ReportRow, run: &Run) {
-    row.attempts += 1;
-    row.device_milli_ms += run.milli * run.runtime_ms;
-    row.cost_micro_usd += run.amounts.cost_micro_usd;
-    row.energy_wh += run.amounts.energy_wh;
-    row.co2_g += run.amounts.co2_g;
+    let sum = |a: u64, b: u64| a.saturating_add(b);
+    row.attempts = sum(row.attempts, 1);
+    row.device_milli_ms = sum(
+        row.device_milli_ms,
+        run.milli.saturating_mul(run.runtime_ms),
+    );
+    row.cost_micro_usd = sum(row.cost_micro_usd, run.amounts.cost_micro_usd);
+    row.energy_wh = sum(row.energy_wh, run.amounts.energy_wh);
+    row.co2_g = sum(row.co2_g, run.amounts.co2_g);
 }
 
 /// Sums the ledger of `jobs` as `req` asks.
-pub fn report<'a>(jobs: impl IntoIterator<Item = &'a Job>, req: &ReportRequest) -> ReportView {
+pub fn report<'a>(
+    jobs: impl IntoIterator<Item = &'a LedgerEntry>,
+    req: &ReportRequest,
+) -> ReportView {
     let mut tenants: BTreeMap<String, (ReportRow, BTreeSet<&str>)> = BTreeMap::new();
     let mut sites: BTreeMap<String, (ReportRow, BTreeSet<&str>)> = BTreeMap::new();
     let mut models: BTreeMap<String, (ReportRow, BTreeSet<&str>)> = BTreeMap::new();
@@ -28,7 +61,7 @@ pub fn report<'a>(jobs: impl IntoIterator<Item = &'a Job>, req: &ReportRequest) 
         req.from_ms.is_none_or(|f| r.offered_ms >= f) && req.to_ms.is_none_or(|t| r.offered_ms < t)
     };
     for job in jobs {
-        if req.tenant.as_ref().is_some_and(|t| t != &job.spec.tenant) {
+        if req.tenant.as_ref().is_some_and(|t| t != &job.tenant) {
             continue;
         }
         let runs: Vec<&Run> = job.runs.iter().filter(|r| in_window(r)).collect();
@@ -42,17 +75,17 @@ pub fn report<'a>(jobs: impl IntoIterator<Item = &'a Job>, req: &ReportRequest) 
             .find_map(|r| r.started_ms)
             .filter(|_| job.runs.first().is_some_and(|r| r.attempt == first.attempt))
             .map_or(0, |s| s.saturating_sub(job.submitted_ms));
-        let id = job.id.as_str();
+        let id = job.job.as_str();
         let model = |r: &Run| {
             format!(
                 "{}:{}",
-                job.spec.resources.kind.as_str(),
+                job.kind.as_str(),
                 if r.model.is_empty() { "?" } else { &r.model }
             )
         };
         for (i, run) in runs.iter().enumerate() {
             let keys = [
-                (&mut tenants, job.spec.tenant.to_string()),
+                (&mut tenants, job.tenant.to_string()),
                 (&mut sites, run.site.to_string()),
                 (&mut models, model(run)),
             ];

@@ -286,6 +286,9 @@ pub struct Job {
     /// Every attempt offered, in order: the metering ledger of this job.
     #[serde(default)]
     pub runs: Vec<Run>,
+    /// It waits because no site of the federation can run it as it stands (sites that join may).
+    #[serde(default)]
+    pub unsatisfiable: bool,
 }
 
 impl Job {
@@ -314,6 +317,7 @@ impl Job {
             // "submitted" is implied by `submitted_ms` (and shown by the views): nothing to allocate for it.
             history: Vec::new(),
             runs: Vec::new(),
+            unsatisfiable: false,
         }
     }
 

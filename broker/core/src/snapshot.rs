@@ -4,8 +4,9 @@
 //! the site index are rebuilt from it.
 
 use super::model::{Job, Site};
-use super::reactor::State;
+use super::reactor::{ArchivedKey, RecentRun, State};
 use super::Millis;
+use meridian_federation::{Amounts, TenantId};
 
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Snapshot {
@@ -26,6 +27,14 @@ pub struct Snapshot {
     /// Capacity changed since waiting jobs were last tried (format 1 snapshots lack it: taken as changed).
     #[serde(default = "changed")]
     pub dirty: bool,
+    /// Metered amounts per tenant and UTC day (format 1 snapshots lack them: they are summed from the jobs,
+    /// which were all still there).
+    #[serde(default)]
+    pub metered_by_day: Option<Vec<(TenantId, Millis, Amounts)>>,
+    #[serde(default)]
+    pub archived_keys: Vec<ArchivedKey>,
+    #[serde(default)]
+    pub recent_runs: Vec<RecentRun>,
 }
 
 fn changed() -> bool {
@@ -44,6 +53,14 @@ impl State {
             tenancy_toml: self.tenancy_toml.clone(),
             tenancy_file_toml: self.tenancy_file_toml.clone(),
             dirty: self.dirty,
+            metered_by_day: Some(
+                self.metered_by_day
+                    .iter()
+                    .map(|((t, d), a)| (t.clone(), *d, *a))
+                    .collect(),
+            ),
+            archived_keys: self.archived_keys.values().cloned().collect(),
+            recent_runs: self.recent_runs.clone(),
         }
     }
 }

@@ -77,6 +77,8 @@ pub fn job_view(
         metered: job.metered,
         runtime_ms: job.runtime_ms,
         checkpoint: job.checkpoint.clone(),
+        unsatisfiable: job.phase == meridian_federation::JobPhase::Pending && job.unsatisfiable,
+        archived: false,
     }
 }
 

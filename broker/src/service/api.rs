@@ -17,7 +17,7 @@ use std::time::Duration;
 #[derive(Debug)]
 pub enum Call {
     Submit(Bytes),
-    ListJobs,
+    ListJobs(Bytes),
     GetJob(String),
     Explain(String),
     Cancel(String),
@@ -131,8 +131,14 @@ pub async fn call(h: &BrokerHandle, c: Call) -> Reply {
                 Ok(r) => r,
                 Err(e) => return wire(e),
             };
-            match h.query(Query::Report(req)).await {
-                Some(Answer::Report(v)) => ok(200, v),
+            match h.query(Query::Ledger).await {
+                Some(Answer::Ledger(mut entries)) => match h.archive.ledger().await {
+                    Ok(archived) => {
+                        entries.extend(archived);
+                        ok(200, meridian_core::ledger::report(&entries, &req))
+                    }
+                    Err(e) => archive_unavailable(e),
+                },
                 _ => unavailable(),
             }
         }
@@ -173,10 +179,17 @@ pub async fn call(h: &BrokerHandle, c: Call) -> Reply {
                 _ => unavailable(),
             }
         }
-        Call::ListJobs => match h.query(Query::Jobs).await {
-            Some(Answer::Jobs(v)) => ok(200, v),
-            _ => unavailable(),
-        },
+        Call::ListJobs(body) => {
+            let req = if body.is_empty() {
+                meridian_federation::JobListRequest::default()
+            } else {
+                match decode_strict::<meridian_federation::JobListRequest>(&body) {
+                    Ok(r) => r,
+                    Err(e) => return wire(e),
+                }
+            };
+            list_jobs(h, req).await
+        }
         Call::GetJob(id) => {
             let id = match job_id(&id) {
                 Ok(id) => id,
@@ -184,7 +197,11 @@ pub async fn call(h: &BrokerHandle, c: Call) -> Reply {
             };
             match h.query(Query::Job(id.clone())).await {
                 Some(Answer::Job(Some(v))) => ok(200, v),
-                Some(_) => not_found(format!("job {id}")),
+                Some(_) => match h.archive.job(&id).await {
+                    Ok(Some(a)) => ok(200, a.view),
+                    Ok(None) => not_found(format!("job {id}")),
+                    Err(e) => archive_unavailable(e),
+                },
                 None => unavailable(),
             }
         }
@@ -195,7 +212,11 @@ pub async fn call(h: &BrokerHandle, c: Call) -> Reply {
             };
             match h.query(Query::Explain(id.clone())).await {
                 Some(Answer::Explain(Some(v))) => ok(200, v),
-                Some(_) => not_found(format!("job {id}")),
+                Some(_) => match h.archive.job(&id).await {
+                    Ok(Some(a)) => ok(200, a.explain),
+                    Ok(None) => not_found(format!("job {id}")),
+                    Err(e) => archive_unavailable(e),
+                },
                 None => unavailable(),
             }
         }
@@ -270,10 +291,130 @@ pub async fn call(h: &BrokerHandle, c: Call) -> Reply {
     }
 }
 
+fn archive_unavailable(e: anyhow::Error) -> Reply {
+    error(ErrorBody::new(
+        ErrorCode::Unavailable,
+        None,
+        format!("the archive could not be read: {e:#}"),
+    ))
+}
+
+/// The page size when the request names none.
+const DEFAULT_PAGE: usize = 500;
+/// A page stops before its body reaches this, well under NATS's 1 MiB payload limit.
+const PAGE_BYTES: usize = 768 * 1024;
+
+/// One page of jobs: live ones by id, then archived ones in archive order (see [`JobListRequest`]). The cursor
+/// is `live:<job>` or `archived:<sequence>`.
+///
+/// [`JobListRequest`]: meridian_federation::JobListRequest
+async fn list_jobs(h: &BrokerHandle, req: meridian_federation::JobListRequest) -> Reply {
+    use meridian_federation::{JobPage, JobScope};
+    let limit = req.limit.map_or(DEFAULT_PAGE, |l| l as usize);
+    enum At {
+        Live(Option<JobId>),
+        Archived(u64),
+    }
+    let bad_cursor = || {
+        error(ErrorBody::new(
+            ErrorCode::Invalid,
+            Some("cursor".into()),
+            "not a cursor this broker gave: expected live:<job> or archived:<sequence>",
+        ))
+    };
+    let mut at = match req.cursor.as_deref() {
+        None if req.scope == JobScope::Archived => At::Archived(1),
+        None => At::Live(None),
+        Some(c) => match c.split_once(':') {
+            Some(("live", id)) => match JobId::new(id) {
+                Ok(id) => At::Live(Some(id)),
+                Err(_) => return bad_cursor(),
+            },
+            Some(("archived", seq)) => match seq.parse() {
+                Ok(seq) => At::Archived(seq),
+                Err(_) => return bad_cursor(),
+            },
+            _ => return bad_cursor(),
+        },
+    };
+    let mut page = JobPage::default();
+    let mut bytes = 0usize;
+    let fits = |v: &meridian_federation::JobView, bytes: &mut usize| {
+        *bytes += serde_json::to_vec(v).map_or(0, |b| b.len() + 1);
+        *bytes < PAGE_BYTES
+    };
+    if let At::Live(after) = &at {
+        let Some(Answer::JobsPage(jobs, more)) = h
+            .query(Query::JobsPage {
+                after: after.clone(),
+                limit,
+                filter: req.clone(),
+            })
+            .await
+        else {
+            return unavailable();
+        };
+        let n = jobs.len();
+        for v in jobs {
+            if !fits(&v, &mut bytes) {
+                break;
+            }
+            page.jobs.push(v);
+        }
+        if page.jobs.len() < n || more {
+            page.next = page.jobs.last().map(|v| format!("live:{}", v.job));
+            return ok(200, page);
+        }
+        if req.scope == JobScope::Live {
+            return ok(200, page);
+        }
+        at = At::Archived(1);
+    }
+    if let At::Archived(from) = at {
+        let want = limit - page.jobs.len();
+        if want == 0 {
+            page.next = Some(format!("archived:{from}"));
+            return ok(200, page);
+        }
+        let mut taken = 0;
+        let scanned = h
+            .archive
+            .scan(from, |a| {
+                let v = a.view;
+                let pass = req.tenant.as_ref().is_none_or(|t| t == &v.tenant)
+                    && req.state.is_none_or(|p| p == v.phase)
+                    && req.site.as_ref().is_none_or(|s| v.site.as_ref() == Some(s))
+                    && req.from_ms.is_none_or(|f| v.submitted_at_ms >= f)
+                    && req.to_ms.is_none_or(|t| v.submitted_at_ms < t);
+                if pass {
+                    if !fits(&v, &mut bytes) {
+                        return false;
+                    }
+                    page.jobs.push(v);
+                    taken += 1;
+                }
+                taken < want
+            })
+            .await;
+        match scanned {
+            Ok(next) => page.next = next.map(|seq| format!("archived:{seq}")),
+            Err(e) => return archive_unavailable(e),
+        }
+    }
+    ok(200, page)
+}
+
 /// Fetches a job's log tail from the agent of the site its latest attempt ran on.
 async fn logs(h: &BrokerHandle, id: JobId, lines: u32) -> Reply {
     let Some(Answer::Placement(placement)) = h.query(Query::Placement(id.clone())).await else {
         return unavailable();
+    };
+    let placement = match placement {
+        Some(p) => Some(p),
+        None => match h.archive.job(&id).await {
+            Ok(a) => a.and_then(|a| Some((a.view.site?, a.view.attempt)).filter(|(_, n)| *n > 0)),
+            Err(e) => return archive_unavailable(e),
+        },
     };
     let Some((site, attempt)) = placement else {
         return not_found(format!("a started attempt of job {id}"));
@@ -351,10 +492,7 @@ fn nats_call(subject: &str, payload: Bytes) -> Result<Call, Reply> {
                 upgrade: r.upgrade,
             }
         }
-        api::LIST_JOBS => {
-            empty(&payload)?;
-            Call::ListJobs
-        }
+        api::LIST_JOBS => Call::ListJobs(payload),
         api::GET_JOB => Call::GetJob(job(&payload)?),
         api::EXPLAIN => Call::Explain(job(&payload)?),
         api::CANCEL => Call::Cancel(job(&payload)?),

@@ -38,8 +38,31 @@ async fn submit(State(h): State<BrokerHandle>, body: Bytes) -> Response {
     respond(call(&h, Call::Submit(body)).await)
 }
 
-async fn list_jobs(State(h): State<BrokerHandle>) -> Response {
-    respond(call(&h, Call::ListJobs).await)
+/// `GET /v1/jobs?cursor=…&limit=…&scope=…&tenant=…&state=…&site=…&from_ms=…&to_ms=…`: the parameters become a
+/// `JobListRequest`, checked like any body.
+async fn list_jobs(
+    State(h): State<BrokerHandle>,
+    Query(q): Query<std::collections::BTreeMap<String, String>>,
+) -> Response {
+    let body = query_body(q, &["limit", "from_ms", "to_ms"]);
+    respond(call(&h, Call::ListJobs(body)).await)
+}
+
+/// Query parameters as the JSON body of the same call (numbers where the call takes numbers), so they are
+/// checked like a body: an unknown or bad parameter is named in the error.
+fn query_body(q: std::collections::BTreeMap<String, String>, numeric: &[&str]) -> Bytes {
+    let mut body = serde_json::Map::new();
+    body.insert("v".into(), 1.into());
+    for (k, v) in q {
+        let value = if numeric.contains(&k.as_str()) {
+            v.parse::<u64>()
+                .map_or(serde_json::Value::String(v), Into::into)
+        } else {
+            serde_json::Value::String(v)
+        };
+        body.insert(k, value);
+    }
+    Bytes::from(serde_json::to_vec(&body).unwrap_or_default())
 }
 
 async fn get_job(State(h): State<BrokerHandle>, Path(id): Path<String>) -> Response {
@@ -73,19 +96,8 @@ async fn report(
     State(h): State<BrokerHandle>,
     Query(q): Query<std::collections::BTreeMap<String, String>>,
 ) -> Response {
-    let mut body = serde_json::Map::new();
-    body.insert("v".into(), 1.into());
-    for (k, v) in q {
-        let value = match k.as_str() {
-            "from_ms" | "to_ms" => v
-                .parse::<u64>()
-                .map_or(serde_json::Value::String(v), Into::into),
-            _ => serde_json::Value::String(v),
-        };
-        body.insert(k, value);
-    }
-    let bytes = serde_json::to_vec(&body).unwrap_or_default();
-    respond(call(&h, Call::Report(Bytes::from(bytes))).await)
+    let bytes = query_body(q, &["from_ms", "to_ms"]);
+    respond(call(&h, Call::Report(bytes)).await)
 }
 
 /// The bearer token of an `Authorization` header.

@@ -3,6 +3,7 @@
 #![allow(clippy::disallowed_methods)] // a shell: reads the clock
 
 pub mod api;
+pub mod archive;
 pub mod http;
 pub mod journal;
 pub mod lease;
@@ -73,6 +74,9 @@ pub struct BrokerConfig {
     /// Journal records between snapshots of broker state.
     #[arg(long, default_value_t = journal::SNAPSHOT_EVERY)]
     pub snapshot_every: u64,
+    /// Finished jobs stay in the live state this long, then move to the archive (JetStream), ms.
+    #[arg(long, default_value_t = 600_000)]
+    pub retention_ms: u64,
 }
 
 fn parse_region(s: &str) -> Result<(String, PathBuf), String> {
@@ -93,13 +97,19 @@ pub fn now_ms() -> u64 {
 /// Read-only questions to the reactor task.
 #[derive(Debug)]
 pub enum Query {
-    Jobs,
+    /// Live jobs after `after` (by id) that pass the filter, at most `limit`, and whether more follow.
+    JobsPage {
+        after: Option<JobId>,
+        limit: usize,
+        filter: meridian_federation::JobListRequest,
+    },
     Job(JobId),
     Explain(JobId),
     Sites,
     /// Where the job's latest attempt ran: site and attempt.
     Placement(JobId),
-    Report(meridian_federation::ReportRequest),
+    /// The ledger of the live jobs.
+    Ledger,
     Tenancy,
     /// The journal's durable format in force.
     Format,
@@ -107,12 +117,12 @@ pub enum Query {
 
 #[derive(Debug)]
 pub enum Answer {
-    Jobs(Vec<JobView>),
+    JobsPage(Vec<JobView>, bool),
     Job(Option<JobView>),
     Explain(Option<ExplainView>),
     Sites(Vec<SiteView>),
     Placement(Option<(SiteId, u32)>),
-    Report(meridian_federation::ReportView),
+    Ledger(Vec<meridian_core::ledger::LedgerEntry>),
     Tenancy(Option<String>),
     Format(u32),
 }
@@ -127,6 +137,8 @@ enum Input {
 pub struct BrokerHandle {
     tx: mpsc::UnboundedSender<Input>,
     pub client: async_nats::Client,
+    /// Finished jobs that left the live state.
+    pub archive: archive::Archive,
     /// The administrator's token (admin calls are refused without one).
     pub admin_token: Option<std::sync::Arc<str>>,
 }
@@ -346,7 +358,12 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
     );
 
     let (tx, rx) = mpsc::unbounded_channel();
+    let archive = patiently("the archive", || {
+        archive::Archive::open(client.clone(), cfg.replicas)
+    })
+    .await?;
     let handle = BrokerHandle {
+        archive: archive.clone(),
         tx,
         client: client.clone(),
         admin_token: cfg.admin_token.as_deref().map(std::sync::Arc::from),
@@ -354,6 +371,8 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
     let reactor_task = tokio::spawn(reactor_loop(
         reactor,
         journal,
+        archive,
+        cfg.retention_ms,
         rx,
         connected,
         handle.clone(),
@@ -523,9 +542,12 @@ const MAX_BATCH: usize = 1024;
 /// A journal append slower than this means the broker was stalled.
 const STALL: Duration = Duration::from_secs(1);
 
+#[allow(clippy::too_many_arguments)]
 async fn reactor_loop(
     mut reactor: Reactor<BufferJournal>,
     mut journal: journal::JetStreamJournal,
+    archive: archive::Archive,
+    retention_ms: u64,
     mut rx: mpsc::UnboundedReceiver<Input>,
     connected: tokio::sync::watch::Receiver<bool>,
     handle: BrokerHandle,
@@ -614,6 +636,9 @@ async fn reactor_loop(
                 journal.save_snapshot(&reactor.state().snapshot(journal.last_seq(), now));
             }
         }
+        if tick {
+            archive_finished(&mut reactor, &archive, now, retention_ms).await;
+        }
         for (tx, r) in replies {
             let _ = tx.send(r);
         }
@@ -626,15 +651,76 @@ async fn reactor_loop(
     }
 }
 
+/// Moves finished jobs past their retention into the archive, then out of the live state (journaled with the
+/// next batch). A failure leaves them live, to be tried again.
+async fn archive_finished(
+    reactor: &mut Reactor<BufferJournal>,
+    archive: &archive::Archive,
+    now: u64,
+    retention_ms: u64,
+) {
+    if reactor.state().format() < meridian_core::reactor::JOURNALED_DECISIONS {
+        return; // Format 1 has no record for it: history stays live until the format is upgraded.
+    }
+    let batch: Vec<_> = reactor
+        .archivable(now, retention_ms, 500)
+        .into_iter()
+        .map(|j| {
+            (
+                j.clone(),
+                views::job_view(j, reactor.state().sites(), reactor.rtt()),
+                views::explain_view(j),
+            )
+        })
+        .collect();
+    if batch.is_empty() {
+        return;
+    }
+    let ids: Vec<JobId> = batch.iter().map(|(j, _, _)| j.id.clone()).collect();
+    if let Err(e) = archive.store(batch).await {
+        tracing::warn!("archiving finished jobs failed (they stay live, tried again): {e:#}");
+        return;
+    }
+    if let Err(e) = reactor.step(now, Event::Archived { jobs: ids }) {
+        tracing::error!("could not record archived jobs: {e}");
+    }
+}
+
 fn answer(reactor: &Reactor<BufferJournal>, q: Query) -> Answer {
     let st = reactor.state();
     match q {
-        Query::Jobs => Answer::Jobs(
-            st.jobs()
-                .values()
+        Query::JobsPage {
+            after,
+            limit,
+            filter,
+        } => {
+            let range = match &after {
+                Some(a) => st
+                    .jobs()
+                    .range::<JobId, _>((std::ops::Bound::Excluded(a), std::ops::Bound::Unbounded)),
+                None => st.jobs().range::<JobId, _>(..),
+            };
+            let mut page: Vec<JobView> = range
+                .map(|(_, j)| j)
+                .filter(|j| {
+                    filter.tenant.as_ref().is_none_or(|t| t == &j.spec.tenant)
+                        && filter.state.is_none_or(|p| p == j.phase)
+                        && filter.from_ms.is_none_or(|f| j.submitted_ms >= f)
+                        && filter.to_ms.is_none_or(|t| j.submitted_ms < t)
+                })
                 .map(|j| views::job_view(j, st.sites(), reactor.rtt()))
-                .collect(),
-        ),
+                .filter(|v| {
+                    filter
+                        .site
+                        .as_ref()
+                        .is_none_or(|s| v.site.as_ref() == Some(s))
+                })
+                .take(limit + 1)
+                .collect();
+            let more = page.len() > limit;
+            page.truncate(limit);
+            Answer::JobsPage(page, more)
+        }
         Query::Job(id) => Answer::Job(
             st.jobs()
                 .get(&id)
@@ -644,9 +730,12 @@ fn answer(reactor: &Reactor<BufferJournal>, q: Query) -> Answer {
         Query::Sites => Answer::Sites(st.sites().values().map(views::site_view).collect()),
         Query::Format => Answer::Format(st.format()),
         Query::Tenancy => Answer::Tenancy(st.tenancy_toml().map(str::to_owned)),
-        Query::Report(req) => {
-            Answer::Report(meridian_core::ledger::report(st.jobs().values(), &req))
-        }
+        Query::Ledger => Answer::Ledger(
+            st.jobs()
+                .values()
+                .map(meridian_core::ledger::LedgerEntry::of)
+                .collect(),
+        ),
         Query::Placement(id) => Answer::Placement(st.jobs().get(&id).and_then(|j| {
             let site = views::job_view(j, st.sites(), reactor.rtt()).site?;
             (j.attempt > 0).then_some((site, j.attempt))

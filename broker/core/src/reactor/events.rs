@@ -57,6 +57,11 @@ pub enum Event {
         job: JobId,
         attempt: u32,
     },
+    /// The shell stored these finished jobs in the archive: they leave the live state (their metering, fair
+    /// share and idempotency keys stay in aggregates). (Format 2.)
+    Archived {
+        jobs: Vec<JobId>,
+    },
     /// Write the journal in durable format `to` from now on: an operator's explicit upgrade, once no broker of
     /// an earlier release needs to read it. (Format 2.)
     UpgradeFormat {

@@ -43,6 +43,22 @@ impl<J: Journal> Reactor<J> {
             if job.phase == JobPhase::Offered && !self.state.offered.contains(&job.id) {
                 return Err(format!("{} is offered but not in the offered set", job.id));
             }
+            if job.runs.is_empty() == self.state.with_runs.contains(&job.id) {
+                return Err(format!("{}: the set of jobs with runs is wrong", job.id));
+            }
+            if let (true, Some(f)) = (job.phase.is_terminal(), job.finished_ms) {
+                if !self.state.finished.contains(&(f, job.id.clone())) {
+                    return Err(format!("{} is finished but not filed as such", job.id));
+                }
+            }
+            if self
+                .state
+                .by_key
+                .get(&(job.spec.tenant.clone(), job.spec.idempotency_key.clone()))
+                != Some(&job.id)
+            {
+                return Err(format!("{}'s idempotency key does not lead to it", job.id));
+            }
             if !job.phase.is_terminal() && !self.state.active.contains(&job.id) {
                 return Err(format!(
                     "{} is unfinished but not in the active set",

@@ -46,6 +46,12 @@ impl<J: Journal> Reactor<J> {
                 created: false,
             });
         }
+        if let Some(Ok(id)) = self.archived_key(&spec) {
+            return Response::Submitted(SubmitReply {
+                job: id,
+                created: false,
+            });
+        }
         self.state.next_job += 1;
         let id = JobId::numbered(self.state.next_job);
         self.state.by_key.insert(key, id.clone());
@@ -68,6 +74,7 @@ impl<J: Journal> Reactor<J> {
             JobPhase::Pending => {
                 job.phase = JobPhase::Cancelled;
                 job.finished_ms = Some(now);
+                self.state.finished.insert((now, id.clone()));
                 job.why = "cancelled while pending".into();
                 job.note(now, "cancelled while pending");
                 self.state.waiting.remove(id);
@@ -294,6 +301,13 @@ impl<J: Journal> Reactor<J> {
                 run.runtime_ms = runtime;
                 run.amounts = amounts;
                 run.metered = true;
+                let day = run.offered_ms - run.offered_ms % super::DAY_MS;
+                let sum = self
+                    .state
+                    .metered_by_day
+                    .entry((job.spec.tenant.clone(), day))
+                    .or_default();
+                *sum = metering::add(*sum, amounts);
             }
             job.runtime_ms = job.runtime_ms.saturating_add(runtime);
             job.metered = metering::add(job.metered, amounts);
@@ -314,6 +328,7 @@ impl<J: Journal> Reactor<J> {
             job.phase = phase;
             job.exit_code = exit;
             job.finished_ms = Some(now);
+            self.state.finished.insert((now, s.job.clone()));
             job.started_ms = job.started_ms.or(s.started_at_ms);
             let at = job
                 .assignment

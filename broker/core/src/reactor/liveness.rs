@@ -183,6 +183,7 @@ impl<J: Journal> Reactor<J> {
                 if let Some(job) = self.state.jobs.get_mut(&id) {
                     job.phase = JobPhase::Cancelled;
                     job.finished_ms = Some(now);
+                    self.state.finished.insert((now, id.clone()));
                     job.why = format!("cancelled; site {site} was lost");
                     job.note(now, job.why.clone());
                 }

@@ -3,6 +3,7 @@
 //! around it only moves bytes; it decides nothing.
 
 mod events;
+mod history;
 mod invariants;
 mod lifecycle;
 mod liveness;
@@ -29,7 +30,9 @@ use crate::throughput::Throughput;
 use crate::Millis;
 use meridian_federation::{JobId, JobPhase, SiteId};
 
+pub use history::{spec_digest, DAY_MS, IDEMPOTENCY_WINDOW_MS};
 pub use scheduling::FAIR_SHARE_WINDOW_MS;
+pub use state::{ArchivedKey, RecentRun};
 
 /// Timings of the core, in milliseconds.
 #[derive(Clone, Debug, PartialEq)]
@@ -194,7 +197,8 @@ impl<J: Journal> Reactor<J> {
                 let known = self
                     .state
                     .by_key
-                    .contains_key(&(spec.tenant.clone(), spec.idempotency_key.clone()));
+                    .contains_key(&(spec.tenant.clone(), spec.idempotency_key.clone()))
+                    || self.archived_key(spec).is_some();
                 if let Some(deadline) = spec.window.deadline_ms.filter(|d| *d <= now && !known) {
                     return Err(StepError::Invalid {
                         field: "window.deadline_ms".into(),
@@ -238,6 +242,12 @@ impl<J: Journal> Reactor<J> {
                             ),
                         });
                     }
+                }
+                if let Some(Err(id)) = self.archived_key(spec) {
+                    return Err(StepError::Conflict(format!(
+                        "idempotency key {:?} of tenant {} was used for job {id} (now archived) with a different spec",
+                        spec.idempotency_key, spec.tenant
+                    )));
                 }
                 let key = (spec.tenant.clone(), spec.idempotency_key.clone());
                 if let Some(id) = self.state.by_key.get(&key) {
@@ -302,10 +312,13 @@ impl<J: Journal> Reactor<J> {
                 .jobs
                 .get(job)
                 .is_some_and(|j| j.phase == JobPhase::Offered && j.attempt == *attempt),
-            Event::Submit(spec) => !self
-                .state
-                .by_key
-                .contains_key(&(spec.tenant.clone(), spec.idempotency_key.clone())),
+            Event::Submit(spec) => {
+                !self
+                    .state
+                    .by_key
+                    .contains_key(&(spec.tenant.clone(), spec.idempotency_key.clone()))
+                    && self.archived_key(spec).is_none()
+            }
             _ => true,
         }
     }
@@ -366,6 +379,10 @@ impl<J: Journal> Reactor<J> {
             }
             Event::UpgradeFormat { to } => {
                 self.state.format = self.state.format().max(to);
+                Response::Done
+            }
+            Event::Archived { jobs } => {
+                self.on_archived(now, &jobs);
                 Response::Done
             }
             Event::Resume => {
@@ -458,8 +475,37 @@ impl<J: Journal> Reactor<J> {
             if job.phase == JobPhase::Offered {
                 st.offered.insert(job.id.clone());
             }
+            if !job.runs.is_empty() {
+                st.with_runs.insert(job.id.clone());
+            }
+            if let (true, Some(f)) = (job.phase.is_terminal(), job.finished_ms) {
+                st.finished.insert((f, job.id.clone()));
+            }
             st.jobs.insert(job.id.clone(), job);
         }
+        match snap.metered_by_day {
+            Some(days) => {
+                st.metered_by_day = days.into_iter().map(|(t, d, a)| ((t, d), a)).collect();
+            }
+            None => {
+                for job in st.jobs.values() {
+                    for run in job.runs.iter().filter(|r| r.metered) {
+                        let day = run.offered_ms - run.offered_ms % DAY_MS;
+                        let sum = st
+                            .metered_by_day
+                            .entry((job.spec.tenant.clone(), day))
+                            .or_default();
+                        *sum = crate::metering::add(*sum, run.amounts);
+                    }
+                }
+            }
+        }
+        st.archived_keys = snap
+            .archived_keys
+            .into_iter()
+            .map(|k| ((k.tenant.clone(), k.key.clone()), k))
+            .collect();
+        st.recent_runs = snap.recent_runs;
         self.state = st;
         self.refile_all();
     }

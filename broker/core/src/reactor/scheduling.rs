@@ -124,7 +124,12 @@ impl<J: Journal> Reactor<J> {
         let mut used: BTreeMap<(String, AcceleratorKind), f64> = BTreeMap::new();
         let mut queues: HashMap<(&TenantId, Option<&str>), Option<&crate::quota::Queue>> =
             HashMap::new();
-        for job in self.state.jobs.values() {
+        for job in self
+            .state
+            .with_runs
+            .iter()
+            .filter_map(|id| self.state.jobs.get(id))
+        {
             // Only jobs that ran in the window count.
             if job.runs.is_empty() || job.finished_ms.is_some_and(|f| f < from) {
                 continue;
@@ -152,6 +157,15 @@ impl<J: Journal> Reactor<J> {
                     .or_default() +=
                     run.milli as f64 * overlap as f64 * self.throughput.factor(&run.model);
             }
+        }
+        // Attempts of archived jobs (their queue as it was when they were archived).
+        for r in &self.state.recent_runs {
+            let Some(q) = &r.queue else {
+                continue;
+            };
+            let overlap = r.end_ms.min(now).saturating_sub(r.start_ms.max(from));
+            *used.entry((q.clone(), r.kind)).or_default() +=
+                r.milli as f64 * overlap as f64 * self.throughput.factor(&r.model);
         }
         let mut dominant: HashMap<String, f64> = HashMap::new();
         for ((q, kind), u) in &used {
@@ -412,6 +426,7 @@ impl<J: Journal> Reactor<J> {
             _ => wait.to_string(),
         };
         job.retry_at_ms = wait.retry_at(now).or(next_refusal);
+        job.unsatisfiable = matches!(wait, placement::Wait::NoSiteFits { .. });
         // A waiting job keeps only why it waits: its candidates are worked out again when it is explained (see
         // `Reactor::explain`), so a deep queue costs little memory.
         drop(decision);
@@ -447,6 +462,7 @@ impl<J: Journal> Reactor<J> {
         };
         job.attempt += 1;
         job.phase = JobPhase::Offered;
+        job.unsatisfiable = false;
         self.state.offered.insert(id.clone());
         self.state.waiting.remove(id);
         job.offered_ms = Some(now);
@@ -458,6 +474,7 @@ impl<J: Journal> Reactor<J> {
             devices: choice.devices.clone(),
         });
         job.estimate = Some(Box::new(choice.terms.clone()));
+        self.state.with_runs.insert(id.clone());
         job.runs.push(crate::model::Run {
             attempt: job.attempt,
             site: choice.site.clone(),
@@ -529,7 +546,7 @@ impl<J: Journal> Reactor<J> {
             co2_g: t.co2_g,
         });
         let (from, to) = crate::budget::period(now, b.period);
-        let used = crate::budget::used(self.state.jobs.values(), &b.tenant, from, to);
+        let used = self.budget_used(&b.tenant, from, to);
         crate::budget::over(b, &used, &expected)
     }
 }

@@ -1,8 +1,33 @@
 //! Broker state: what the reactor owns and every step changes.
 
 use crate::model::{Job, Site};
-use meridian_federation::{JobId, SiteId, TenantId};
-use std::collections::{BTreeMap, HashMap};
+use crate::Millis;
+use meridian_federation::{AcceleratorKind, Amounts, JobId, SiteId, TenantId};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// An archived job's idempotency key: a resubmission within the window returns the job (if the spec is the
+/// same).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ArchivedKey {
+    pub tenant: TenantId,
+    pub key: String,
+    pub job: JobId,
+    /// A digest of the spec (FNV-1a 64 of its JSON), to tell a resubmission from a conflicting one.
+    pub spec_digest: u64,
+    pub archived_ms: Millis,
+}
+
+/// An attempt of an archived job that ran within the fair-share window.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RecentRun {
+    pub tenant: TenantId,
+    pub queue: Option<String>,
+    pub kind: AcceleratorKind,
+    pub model: String,
+    pub milli: u64,
+    pub start_ms: Millis,
+    pub end_ms: Millis,
+}
 
 /// Broker state: sites, jobs and the idempotency index.
 #[derive(Clone, Debug, Default)]
@@ -35,6 +60,18 @@ pub struct State {
     pub(crate) active_prune_at: usize,
     /// Sites by accelerator class and spare capacity; refiled after every change to a site.
     pub(crate) index: crate::index::SiteIndex,
+    /// Metered amounts of every attempt, per tenant and UTC day it was offered: what budgets read. They
+    /// outlive the job records, which are archived.
+    pub(crate) metered_by_day: BTreeMap<(TenantId, Millis), Amounts>,
+    /// Live jobs with at least one attempt: what fair share and budgets look at (with `recent_runs`), so they
+    /// cost in proportion to the jobs that ran, not to the waiting ones.
+    pub(crate) with_runs: BTreeSet<JobId>,
+    /// Finished jobs still in the live state, by finish time: the next to archive first.
+    pub(crate) finished: BTreeSet<(Millis, JobId)>,
+    /// Idempotency keys of archived jobs, for [`super::IDEMPOTENCY_WINDOW_MS`] after they were archived.
+    pub(crate) archived_keys: HashMap<(TenantId, String), ArchivedKey>,
+    /// Attempts of archived jobs that ran in the fair-share window.
+    pub(crate) recent_runs: Vec<RecentRun>,
 }
 
 impl State {

@@ -86,7 +86,7 @@ fn the_report_adds_up_to_the_job_records_in_every_breakdown() {
     }
     run_all(&mut env);
 
-    let r = crate::ledger::report(env.reactor.state().jobs.values(), &ReportRequest::default());
+    let r = crate::ledger::report(&entries(&env), &ReportRequest::default());
     // An independent sum over the job records.
     let (mut dev, mut cost, mut wh, mut g, mut attempts) = (0u64, 0u64, 0u64, 0u64, 0u64);
     for j in env.reactor.state().jobs.values() {
@@ -142,7 +142,7 @@ fn the_report_adds_up_to_the_job_records_in_every_breakdown() {
     );
     // One tenant, and a window that leaves everything out.
     let only_b = crate::ledger::report(
-        env.reactor.state().jobs.values(),
+        &entries(&env),
         &ReportRequest {
             tenant: Some(TenantId::new("team-b").unwrap()),
             ..ReportRequest::default()
@@ -151,7 +151,7 @@ fn the_report_adds_up_to_the_job_records_in_every_breakdown() {
     assert_eq!(only_b.by_tenant.len(), 1);
     assert_eq!(only_b.total.jobs, 3);
     let none = crate::ledger::report(
-        env.reactor.state().jobs.values(),
+        &entries(&env),
         &ReportRequest {
             to_ms: Some(1),
             ..ReportRequest::default()
@@ -232,4 +232,57 @@ fn a_held_job_waits_for_the_next_budget_period_and_then_runs() {
     }
     env.advance(1);
     assert_eq!(env.phase(&held), JobPhase::Offered);
+}
+
+/// Finished jobs leave the live state once archived; what they spent still counts against the budget, and
+/// their idempotency keys still return them (or conflict).
+#[test]
+fn archived_jobs_still_count_against_the_budget_and_keep_their_keys() {
+    let mut env = budget_env("refuse");
+    let first = env.submit(cheap_job("team-a", "a0"));
+    let offers = env.take_offers();
+    env.answer(&offers[0], OfferOutcome::Accepted);
+    // An hour at the cheapest site: 1 USD of the 2.5 a day.
+    env.status(
+        &offers[0],
+        AttemptState::Succeeded { exit_code: 0 },
+        3_600_000,
+    );
+    let spent = env.reactor.state().jobs()[&first].metered;
+    assert_eq!(spent.cost_micro_usd, 1_000_000, "{spent:?}");
+    let archivable: Vec<JobId> = env
+        .reactor
+        .archivable(env.now, 0, 10)
+        .into_iter()
+        .map(|j| j.id.clone())
+        .collect();
+    assert_eq!(archivable, vec![first.clone()]);
+    env.step(Event::Archived { jobs: archivable });
+    assert!(env.reactor.state().job(&first).is_none());
+    // The same key and spec: the archived job, not a new one.
+    match env.step(Event::Submit(cheap_job("team-a", "a0"))) {
+        Response::Submitted(r) => assert_eq!((r.job, r.created), (first.clone(), false)),
+        other => panic!("{other:?}"),
+    }
+    // The same key with another spec: a conflict naming the archived job.
+    let mut other = cheap_job("team-a", "a0");
+    other.duration_s = Some(7);
+    let e = env.reactor.step(env.now, Event::Submit(other)).unwrap_err();
+    assert!(e.to_string().contains(first.as_str()), "{e}");
+    // The budget still holds what the archived job spent: a second hour-long job no longer fits.
+    env.submit(cheap_job("team-a", "a1"));
+    let e = env
+        .reactor
+        .step(env.now, Event::Submit(cheap_job("team-a", "a2")))
+        .unwrap_err();
+    assert!(e.to_string().contains("over budget"), "{e}");
+}
+
+fn entries(env: &TestEnv) -> Vec<crate::ledger::LedgerEntry> {
+    env.reactor
+        .state()
+        .jobs()
+        .values()
+        .map(crate::ledger::LedgerEntry::of)
+        .collect()
 }

@@ -52,6 +52,10 @@ enum Action {
         remove: u32,
     },
     Resume,
+    /// The shell archives finished jobs older than `retention_s`.
+    Archive {
+        retention_s: u32,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -191,6 +195,7 @@ fn action() -> impl Strategy<Value = Action> {
         1 => (0..3usize).prop_map(|which| Action::Tenancy { which }),
         1 => (1..3u32).prop_map(|remove| Action::ScaleIn { remove }),
         1 => Just(Action::Resume),
+        1 => (0..30u32).prop_map(|retention_s| Action::Archive { retention_s }),
     ]
 }
 
@@ -419,6 +424,17 @@ impl Run {
                 remove: *remove,
             }),
             Action::Resume => self.step(Event::Resume),
+            Action::Archive { retention_s } => {
+                let jobs: Vec<JobId> = self
+                    .live
+                    .archivable(self.now, u64::from(*retention_s) * 1000, 5)
+                    .into_iter()
+                    .map(|j| j.id.clone())
+                    .collect();
+                if !jobs.is_empty() {
+                    self.step(Event::Archived { jobs });
+                }
+            }
         }
     }
 
@@ -534,6 +550,14 @@ fn durable_eq(a: &State, b: &State) -> Result<(), String> {
     if a.by_key != b.by_key || a.waiting != b.waiting || live(a, &a.offered) != live(b, &b.offered)
     {
         return Err("idempotency map, waiting index or offered set".into());
+    }
+    if a.metered_by_day != b.metered_by_day
+        || a.archived_keys != b.archived_keys
+        || a.recent_runs != b.recent_runs
+        || a.with_runs != b.with_runs
+        || a.finished != b.finished
+    {
+        return Err("metering by day, archived keys, recent runs or their indexes".into());
     }
     for (id, j) in &a.jobs {
         match b.jobs.get(id) {

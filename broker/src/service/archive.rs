@@ -1,0 +1,215 @@
+//! The archive: finished jobs leave the broker's live state into JetStream, so memory, snapshots and recovery
+//! follow the live jobs while every job stays readable.
+//!
+//! Two streams. `MERIDIAN_ARCHIVE` holds one message per archived job on its own subject (the latest kept):
+//! the job's record, and its API views as they were when it was archived, so `GET /v1/jobs/{id}`, explain and
+//! logs answer for it, and listings page through it in archive order. `MERIDIAN_LEDGER` holds the metering
+//! ledger of each archived batch, compact, for reports. The broker writes a batch here, waits for the
+//! acknowledgements, and only then journals `Archived` (the jobs leave the live state); a crash in between
+//! archives them again, which overwrites the same subjects.
+
+use anyhow::Context;
+use async_nats::jetstream::{self, consumer, stream};
+use bytes::Bytes;
+use futures::StreamExt;
+use meridian_core::ledger::LedgerEntry;
+use meridian_core::model::Job;
+use meridian_federation::subjects;
+use meridian_federation::{ExplainView, JobId, JobView};
+use serde::{Deserialize, Serialize};
+
+/// The format of archive and ledger messages (see `meridian_core::durable`).
+const ARCHIVE_FORMAT: u32 = 1;
+/// Archived jobs are kept this long.
+const ARCHIVE_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(400 * 24 * 3600);
+
+/// One archived job.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Archived {
+    pub format: u32,
+    pub job: Job,
+    pub view: JobView,
+    pub explain: ExplainView,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct LedgerBatch {
+    format: u32,
+    entries: Vec<LedgerEntry>,
+}
+
+#[derive(Clone)]
+pub struct Archive {
+    js: jetstream::Context,
+    jobs: stream::Stream,
+    ledger: stream::Stream,
+}
+
+impl Archive {
+    pub async fn open(client: async_nats::Client, replicas: usize) -> anyhow::Result<Self> {
+        let mut js = jetstream::new(client);
+        js.set_timeout(std::time::Duration::from_secs(5));
+        let jobs = js
+            .get_or_create_stream(stream::Config {
+                name: subjects::ARCHIVE_STREAM.to_owned(),
+                subjects: vec![subjects::ARCHIVE_JOBS.to_owned()],
+                storage: stream::StorageType::File,
+                num_replicas: replicas,
+                max_messages_per_subject: 1,
+                max_age: ARCHIVE_MAX_AGE,
+                allow_direct: true,
+                ..Default::default()
+            })
+            .await
+            .context("opening the archive stream")?;
+        let ledger = js
+            .get_or_create_stream(stream::Config {
+                name: subjects::LEDGER_STREAM.to_owned(),
+                subjects: vec![subjects::LEDGER.to_owned()],
+                storage: stream::StorageType::File,
+                num_replicas: replicas,
+                max_age: ARCHIVE_MAX_AGE,
+                ..Default::default()
+            })
+            .await
+            .context("opening the ledger stream")?;
+        Ok(Archive { js, jobs, ledger })
+    }
+
+    /// Stores finished jobs with their views, and their ledger; returns once JetStream has acknowledged all.
+    pub async fn store(&self, jobs: Vec<(Job, JobView, ExplainView)>) -> anyhow::Result<()> {
+        let mut acks = Vec::with_capacity(jobs.len() + 1);
+        let entries: Vec<LedgerEntry> = jobs.iter().map(|(j, _, _)| LedgerEntry::of(j)).collect();
+        for (job, mut view, explain) in jobs {
+            view.archived = true;
+            let subject = subjects::archived_job(&job.id);
+            let body = serde_json::to_vec(&Archived {
+                format: ARCHIVE_FORMAT,
+                job,
+                view,
+                explain,
+            })?;
+            acks.push(self.js.publish(subject, Bytes::from(body)).await?);
+        }
+        let body = serde_json::to_vec(&LedgerBatch {
+            format: ARCHIVE_FORMAT,
+            entries,
+        })?;
+        acks.push(self.js.publish(subjects::LEDGER, Bytes::from(body)).await?);
+        for ack in acks {
+            ack.await.context("archiving finished jobs")?;
+        }
+        Ok(())
+    }
+
+    /// An archived job, by id.
+    pub async fn job(&self, id: &JobId) -> anyhow::Result<Option<Archived>> {
+        match self
+            .jobs
+            .direct_get_last_for_subject(subjects::archived_job(id))
+            .await
+        {
+            Ok(m) => Ok(Some(decode(&m.payload)?)),
+            Err(e) if e.kind() == async_nats::jetstream::stream::DirectGetErrorKind::NotFound => {
+                Ok(None)
+            }
+            Err(e) => Err(e).context("reading the archive"),
+        }
+    }
+
+    /// Archived jobs from stream sequence `from` on, for as long as `keep` asks for more; returns the sequence
+    /// to go on from, or `None` at the end of the stream.
+    pub async fn scan(
+        &self,
+        from: u64,
+        mut keep: impl FnMut(Archived) -> bool,
+    ) -> anyhow::Result<Option<u64>> {
+        let mut s = self.jobs.clone();
+        let last = s
+            .info()
+            .await
+            .context("reading the archive")?
+            .state
+            .last_sequence;
+        if last < from.max(1) {
+            return Ok(None);
+        }
+        let consumer = self
+            .jobs
+            .create_consumer(consumer::pull::OrderedConfig {
+                deliver_policy: consumer::DeliverPolicy::ByStartSequence {
+                    start_sequence: from.max(1),
+                },
+                ..Default::default()
+            })
+            .await
+            .context("reading the archive")?;
+        let mut messages = consumer.messages().await.context("reading the archive")?;
+        while let Some(m) = messages.next().await {
+            let m = m.context("reading the archive")?;
+            let seq = m
+                .info()
+                .map_err(|e| anyhow::anyhow!("{e}"))?
+                .stream_sequence;
+            let more = keep(decode(&m.payload)?);
+            if seq >= last {
+                return Ok(None);
+            }
+            if !more {
+                return Ok(Some(seq + 1));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The ledger of every archived job.
+    pub async fn ledger(&self) -> anyhow::Result<Vec<LedgerEntry>> {
+        let mut s = self.ledger.clone();
+        let last = s
+            .info()
+            .await
+            .context("reading the ledger")?
+            .state
+            .last_sequence;
+        let mut out = Vec::new();
+        if last == 0 {
+            return Ok(out);
+        }
+        let consumer = self
+            .ledger
+            .create_consumer(consumer::pull::OrderedConfig {
+                deliver_policy: consumer::DeliverPolicy::All,
+                ..Default::default()
+            })
+            .await
+            .context("reading the ledger")?;
+        let mut messages = consumer.messages().await.context("reading the ledger")?;
+        while let Some(m) = messages.next().await {
+            let m = m.context("reading the ledger")?;
+            let seq = m
+                .info()
+                .map_err(|e| anyhow::anyhow!("{e}"))?
+                .stream_sequence;
+            let batch: LedgerBatch = decode(&m.payload)?;
+            out.extend(batch.entries);
+            if seq >= last {
+                break;
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> anyhow::Result<T> {
+    #[derive(Deserialize)]
+    struct Head {
+        format: u32,
+    }
+    let head: Head = serde_json::from_slice(bytes).context("an archive message is unreadable")?;
+    anyhow::ensure!(
+        head.format <= ARCHIVE_FORMAT,
+        "an archive message has format {}, newer than this broker knows ({ARCHIVE_FORMAT})",
+        head.format
+    );
+    serde_json::from_slice(bytes).context("an archive message is unreadable")
+}
