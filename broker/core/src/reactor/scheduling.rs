@@ -72,13 +72,17 @@ impl<J: Journal> Reactor<J> {
         let mut held: Vec<(u32, OrderKey, JobId, bool)> = Vec::new();
         while let Some(Reverse((key, id, g))) = heads.pop() {
             let tried = self.try_place_with(now, &id, &mut quota);
+            // Capacity came free (or quota moved): groups passed over may have jobs that can go now. A pass that
+            // tried every job would reach only those after this one in its order; so do we.
             let mut reopen = |only_quota: bool, heads: &mut BinaryHeap<_>| {
-                held.retain(|(hg, hk, last, by_quota)| {
+                held.retain(|(hg, hk, _, by_quota)| {
                     if only_quota && !by_quota {
                         return true;
                     }
-                    if let Some(next) = self.state.waiting.next_in(*hg, Some(last), stamp) {
-                        heads.push(Reverse((*hk, next, *hg)));
+                    if *hk == key {
+                        if let Some(next) = self.state.waiting.next_in(*hg, Some(&id), stamp) {
+                            heads.push(Reverse((*hk, next, *hg)));
+                        }
                     }
                     false
                 });

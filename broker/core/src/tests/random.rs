@@ -624,3 +624,67 @@ proptest! {
         play(&actions, cut);
     }
 }
+
+/// Found by the random sequences: a preemption in the middle of a pass frees capacity; groups passed over
+/// earlier get another look, but only at their jobs after the one that preempted (a pass that tries every job
+/// had already tried the earlier ones while they were blocked).
+#[test]
+fn a_group_passed_over_is_looked_at_again_only_past_the_job_that_freed_capacity() {
+    let s = |tenant, gpus, replicas, key| {
+        Action::Submit(Submission {
+            tenant,
+            gpus,
+            milli: None,
+            replicas,
+            policy: 0,
+            max_wait_s: 0,
+            checkpointable: false,
+            service: false,
+            priority: None,
+            deadline_h: None,
+            key,
+        })
+    };
+    let ad = |site, used| Action::Advert {
+        site,
+        used,
+        drain: false,
+    };
+    let actions = vec![
+        ad(0, 0),
+        s(1, 1, 1, 0),
+        s(1, 2, 2, 1),
+        ad(0, 0),
+        ad(0, 0),
+        s(2, 1, 1, 0),
+        Action::Answer {
+            pick: 3,
+            accept: true,
+        },
+        Action::Status {
+            pick: 0,
+            kind: 0,
+            runtime_s: 0,
+            stale: false,
+        },
+        ad(0, 0),
+        s(0, 2, 1, 0),
+        Action::Advance { ms: 10001 },
+        s(0, 3, 1, 1),
+        s(0, 3, 1, 2),
+        ad(3, 1),
+        ad(0, 0),
+        Action::Status {
+            pick: 0,
+            kind: 1,
+            runtime_s: 1,
+            stale: false,
+        },
+        ad(0, 0),
+        Action::Tenancy { which: 0 },
+        Action::Advance { ms: 1169 },
+        Action::Advance { ms: 2796 },
+        Action::Advance { ms: 1036 },
+    ];
+    play(&actions, 0);
+}
