@@ -879,7 +879,7 @@ pub enum JobScope {
 
 /// List jobs a page at a time: live jobs by id, then archived jobs in the order they were archived. Every filter
 /// is optional; `cursor` is the `next` of the page before.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct JobListRequest {
     #[serde(default = "v1")]
@@ -903,6 +903,23 @@ pub struct JobListRequest {
     /// Submitted before.
     #[serde(default)]
     pub to_ms: Option<u64>,
+}
+
+impl Default for JobListRequest {
+    /// Everything, from the first page.
+    fn default() -> Self {
+        JobListRequest {
+            v: crate::WIRE_VERSION,
+            cursor: None,
+            limit: None,
+            scope: JobScope::All,
+            tenant: None,
+            state: None,
+            site: None,
+            from_ms: None,
+            to_ms: None,
+        }
+    }
 }
 
 /// The most jobs one page holds.
