@@ -6,13 +6,14 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum WireError {
     /// Not JSON, or JSON of the wrong shape.
-    #[error("malformed message at `{path}`: {message}")]
+    /// (What came from the message is escaped, so a newline in it cannot forge a line of a log.)
+    #[error("malformed message at `{}`: {}", path.escape_debug(), message.escape_debug())]
     Malformed { path: String, message: String },
     /// Well-formed, but a field's value is not acceptable.
-    #[error("invalid `{field}`: {problem}")]
+    #[error("invalid `{}`: {}", field.escape_debug(), problem.escape_debug())]
     Invalid { field: String, problem: String },
     /// A field the message type does not have (in what people write; between components they are ignored).
-    #[error("unknown field `{path}`")]
+    #[error("unknown field `{}`", path.escape_debug())]
     UnknownField { path: String },
     #[error("message is {size} bytes; the limit is {limit}")]
     TooLarge { size: usize, limit: usize },
@@ -77,6 +78,8 @@ pub enum ErrorCode {
     OverBudget,
     /// The call needs the administrator's token.
     Forbidden,
+    /// The path exists, but not with this HTTP method.
+    MethodNotAllowed,
     Unavailable,
     Internal,
 }
@@ -91,6 +94,7 @@ impl ErrorCode {
             ErrorCode::Conflict => 409,
             ErrorCode::OverBudget => 402,
             ErrorCode::Forbidden => 403,
+            ErrorCode::MethodNotAllowed => 405,
             ErrorCode::Unavailable => 503,
             ErrorCode::Internal => 500,
         }

@@ -404,3 +404,14 @@ fn nul_bytes_deep_nesting_and_runaway_run_times_are_refused() {
     let e = decode::<JobStatus>(&bytes(&status)).unwrap_err();
     assert_eq!(e.field(), Some("runtime_ms"), "{e}");
 }
+
+#[test]
+fn errors_escape_what_came_from_the_message() {
+    let v = json!({"v": 1, "job": "j-000001", "attempt": 1, "reason": "a\nFAKE LOG LINE"});
+    let e = decode::<CancelAttempt>(&bytes(&v)).unwrap_err();
+    assert!(!e.to_string().contains('\n'), "{e}");
+    let mut v = job_json();
+    v["kind\nFAKE"] = json!(1);
+    let e = decode_strict::<JobSpec>(&bytes(&v)).unwrap_err();
+    assert!(!e.to_string().contains('\n'), "{e}");
+}

@@ -48,7 +48,7 @@ fn ok<T: Serialize>(status: u16, value: T) -> Reply {
     }
 }
 
-fn error(body: ErrorBody) -> Reply {
+pub(super) fn error(body: ErrorBody) -> Reply {
     let status = body.code.http_status();
     let bytes = encode(&ApiReply::<()>::err(body)).unwrap_or_else(|_| b"{}".to_vec());
     (status, bytes)

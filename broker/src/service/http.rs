@@ -23,10 +23,55 @@ pub fn router(h: BrokerHandle) -> Router {
         .route("/v1/admin/tenancy", get(get_tenancy).put(put_tenancy))
         .route("/v1/admin/journal/format", get(get_format))
         .route("/v1/admin/journal/upgrade-format", post(upgrade_format))
+        .fallback(no_route)
         .layer(DefaultBodyLimit::max(
             meridian_federation::MAX_MESSAGE_BYTES + 1,
         ))
+        .layer(axum::middleware::map_response(json_errors))
         .with_state(h)
+}
+
+async fn no_route(uri: axum::http::Uri) -> Response {
+    respond(super::api::error(meridian_federation::ErrorBody::new(
+        meridian_federation::ErrorCode::NotFound,
+        None,
+        format!("no API call at {}", uri.path()),
+    )))
+}
+
+/// Every error answers in the API's JSON shape, those the router and extractors make too (a wrong method, a
+/// bad path or query, a body over the limit): their plain text becomes the message.
+async fn json_errors(response: Response) -> Response {
+    use meridian_federation::{ErrorBody, ErrorCode};
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if status.as_u16() < 400 || is_json {
+        return response;
+    }
+    let text = axum::body::to_bytes(response.into_body(), 64 * 1024)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
+        .unwrap_or_default();
+    let code = match status.as_u16() {
+        404 => ErrorCode::NotFound,
+        405 => ErrorCode::MethodNotAllowed,
+        413 => ErrorCode::TooLarge,
+        500..=599 => ErrorCode::Internal,
+        _ => ErrorCode::Malformed,
+    };
+    let message = if text.is_empty() {
+        status
+            .canonical_reason()
+            .unwrap_or("request refused")
+            .to_owned()
+    } else {
+        text
+    };
+    let (_, body) = super::api::error(ErrorBody::new(code, None, message));
+    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
 fn respond((status, body): Reply) -> Response {
@@ -78,6 +123,7 @@ async fn explain(State(h): State<BrokerHandle>, Path(id): Path<String>) -> Respo
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct LinesParam {
     lines: Option<u32>,
 }
@@ -180,6 +226,7 @@ async fn list_sites(State(h): State<BrokerHandle>) -> Response {
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct DrainBody {
     #[serde(default = "yes")]
     drain: bool,

@@ -63,6 +63,8 @@ pub struct SimOutput {
     pub schedule: Vec<ScheduleEntry>,
     /// Jobs that were never placed (index into the jobs).
     pub unplaced: Vec<usize>,
+    /// Of those, the jobs no site of the federation can run at all (index, why): the run ends without them.
+    pub unplaceable: Vec<(usize, String)>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -187,7 +189,12 @@ pub fn run(
                     }
                     sim.advertise(now, &id)?;
                 }
-                let busy = sim.reactor.state().active_jobs().next().is_some();
+                // Jobs no site can run keep nothing going: the run ends when only they are left.
+                let busy = sim
+                    .reactor
+                    .state()
+                    .active_jobs()
+                    .any(|j| !(j.phase == JobPhase::Pending && j.unsatisfiable));
                 if arrivals_left > 0 || busy {
                     sim.push(now + HOUR_MS, Ev::Hour(h + 1));
                 }
@@ -204,6 +211,9 @@ pub fn run(
         if job.phase == JobPhase::Pending {
             if let Some(i) = ids.get(id) {
                 out.unplaced.push(*i);
+                if job.unsatisfiable {
+                    out.unplaceable.push((*i, job.why.clone()));
+                }
             }
         }
     }
@@ -402,5 +412,52 @@ impl Sim<'_> {
             self.out.schedule[entry].metered = run.amounts;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use crate::sim::federation::SERIES_EPOCH_MS;
+    use meridian_federation::{AcceleratorKind, JobKind, Resources, TenantId};
+
+    /// A job no site of the federation can run does not keep the simulation going: it ends, and the job is
+    /// reported as unplaceable with the nearest miss.
+    #[test]
+    fn a_job_no_site_can_run_ends_the_run_as_unplaceable() {
+        let path = crate::local::workspace_root().join("configs/sim/federation.toml");
+        let fed = SimFederation::load(&path).unwrap();
+        let job = |key: &str, model: &str| {
+            let mut r = Resources::whole(AcceleratorKind::Gpu, 1);
+            r.models = vec![model.into()];
+            let mut spec =
+                JobSpec::new(TenantId::new("t").unwrap(), key, JobKind::Batch, r, "true");
+            spec.duration_s = Some(60);
+            SimJob {
+                spec,
+                arrival_ms: SERIES_EPOCH_MS,
+                reference_ms: 60_000,
+                fixed_runtime: false,
+            }
+        };
+        let jobs = vec![job("ok", "A100"), job("never", "V100M32")];
+        let out = run(
+            &fed,
+            &jobs,
+            &Ranking::Policy(Policy::Cost),
+            SERIES_EPOCH_MS,
+            None,
+        )
+        .unwrap();
+        assert_eq!(out.schedule.len(), 1);
+        assert_eq!(out.unplaceable.len(), 1, "{:?}", out.unplaceable);
+        assert_eq!(out.unplaceable[0].0, 1);
+        assert!(
+            out.unplaceable[0].1.contains("no site fits"),
+            "{}",
+            out.unplaceable[0].1
+        );
     }
 }

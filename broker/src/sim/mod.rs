@@ -59,6 +59,11 @@ pub struct RunReport {
     pub violations: usize,
     /// Jobs still waiting when the trace ended (never placed).
     pub unplaced: usize,
+    /// Jobs no site of the federation can run (model, memory, count…), never placed: the figures above are over
+    /// the other jobs.
+    pub unplaceable: usize,
+    /// Why they cannot run (the nearest miss), with how many jobs each.
+    pub unplaceable_why: BTreeMap<String, usize>,
     /// Per tenant (with a tenancy): jobs' waits and share of the device-hours.
     pub tenants: Vec<TenantFigures>,
 }
@@ -462,6 +467,14 @@ pub fn simulate(opts: &SimOptions) -> anyhow::Result<Simulated> {
             fragmentation: round(checked.fragmentation, 4),
             violations: checked.violations.len(),
             unplaced: out.unplaced.len(),
+            unplaceable: out.unplaceable.len(),
+            unplaceable_why: out
+                .unplaceable
+                .iter()
+                .fold(BTreeMap::new(), |mut m, (_, why)| {
+                    *m.entry(why.clone()).or_default() += 1;
+                    m
+                }),
             tenants: if tenancy.is_some() {
                 checked
                     .tenants
