@@ -34,6 +34,8 @@ pub struct SiteSpec<'a> {
     pub carbon: u32,
     /// An edge room (its agent joins through a leaf node on the cluster topology).
     pub edge: bool,
+    /// How long its jobs outlive a stopped agent, ms (below the test federations' site-loss timeouts).
+    pub readopt_ms: u64,
 }
 
 impl<'a> SiteSpec<'a> {
@@ -49,6 +51,7 @@ impl<'a> SiteSpec<'a> {
             price,
             carbon: 300,
             edge: false,
+            readopt_ms: 1_000,
         }
     }
 }
@@ -81,8 +84,11 @@ count = {}
 power_watts = 400
 shareable = true
 price_usd_per_hour = {}
+
+[agent]
+readopt_ms = {}
 "#,
-        s.id, s.tier, s.lat, s.lon, s.carbon, s.model, s.count, s.price
+        s.id, s.tier, s.lat, s.lon, s.carbon, s.model, s.count, s.price, s.readopt_ms
     )
 }
 

@@ -229,8 +229,59 @@ pub struct Heartbeat {
     pub sent_at_ms: u64,
     /// Generation of the site's latest advert.
     pub generation: u64,
+    /// The attempts running here (left empty by a site holding more than [`INVENTORY_LIST_MAX`]: the
+    /// inventory's digest stands for them).
     #[serde(default)]
     pub running: Vec<AttemptRef>,
+    /// What the agent holds, for the broker to reconcile with what it believes runs here.
+    #[serde(default)]
+    pub inventory: Option<Inventory>,
+}
+
+/// Where an agent's set of attempts stands: `epoch` counts the agent's starts (kept on disk), `seq` the changes
+/// of the set since. Marks compare in that order, so a later mark saw every change an earlier one did.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+pub struct InventoryMark {
+    pub epoch: u64,
+    pub seq: u64,
+}
+
+/// The attempts an agent holds — running ones, and ended ones whose last status the broker has not
+/// acknowledged yet — as of `mark`. The list is sent when it is short (at most [`INVENTORY_LIST_MAX`]);
+/// otherwise its count and digest ([`inventory_digest`]), and the broker asks for the list
+/// ([`InventoryRequest`]) when they differ from what it expects.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Inventory {
+    pub mark: InventoryMark,
+    pub count: u32,
+    pub digest: u64,
+    #[serde(default)]
+    pub attempts: Option<Vec<AttemptRef>>,
+}
+
+/// The longest attempt list a heartbeat carries.
+pub const INVENTORY_LIST_MAX: usize = 256;
+
+/// The digest of a set of attempts: FNV-1a 64 over `job:attempt` lines in order (a checksum to notice a
+/// difference, not a security measure).
+pub fn inventory_digest<'a>(attempts: impl IntoIterator<Item = &'a AttemptRef>) -> u64 {
+    use std::hash::Hasher;
+    let mut sorted: Vec<&AttemptRef> = attempts.into_iter().collect();
+    sorted.sort();
+    let mut h = fnv::FnvHasher::default();
+    for a in sorted {
+        h.write(format!("{}:{}\n", a.job, a.attempt).as_bytes());
+    }
+    h.finish()
+}
+
+/// Broker → agent, request: "send your whole inventory", answered with an [`Inventory`] listing every attempt.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InventoryRequest {
+    #[serde(default = "v1")]
+    pub v: u32,
 }
 
 /// Broker → agents: "send me your advert now" (after a broker restart).
@@ -591,6 +642,10 @@ pub struct OfferReply {
     pub attempt: u32,
     #[serde(flatten)]
     pub outcome: OfferOutcome,
+    /// The agent's inventory mark once it accepted: any inventory from this mark on holds the attempt until its
+    /// end is acknowledged.
+    #[serde(default)]
+    pub mark: Option<InventoryMark>,
 }
 
 /// Broker → agent: stop this attempt (its whole process group).
@@ -651,6 +706,9 @@ pub struct JobStatus {
     /// Latest checkpoint URI the job wrote.
     #[serde(default)]
     pub checkpoint: Option<String>,
+    /// The agent's inventory mark when it sent the update (see [`OfferReply::mark`]).
+    #[serde(default)]
+    pub mark: Option<InventoryMark>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

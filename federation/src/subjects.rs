@@ -25,16 +25,19 @@ pub enum SiteTopic {
     Cancel,
     /// Broker → agent, request: [`crate::LogsRequest`], answered with [`crate::LogsReply`].
     Logs,
+    /// Broker → agent, request: [`crate::InventoryRequest`], answered with the full [`crate::Inventory`].
+    Inventory,
 }
 
 impl SiteTopic {
-    pub const ALL: [SiteTopic; 6] = [
+    pub const ALL: [SiteTopic; 7] = [
         SiteTopic::Advert,
         SiteTopic::Heartbeat,
         SiteTopic::Status,
         SiteTopic::Offer,
         SiteTopic::Cancel,
         SiteTopic::Logs,
+        SiteTopic::Inventory,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -45,6 +48,7 @@ impl SiteTopic {
             SiteTopic::Offer => "offer",
             SiteTopic::Cancel => "cancel",
             SiteTopic::Logs => "logs",
+            SiteTopic::Inventory => "inventory",
         }
     }
 }

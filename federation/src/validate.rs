@@ -196,7 +196,38 @@ impl Validate for Heartbeat {
     versioned!(Heartbeat);
 
     fn validate(&self) -> R {
-        count_limit("running", self.running.len(), 100_000)
+        count_limit("running", self.running.len(), 100_000)?;
+        if let Some(i) = &self.inventory {
+            i.validate()?;
+        }
+        Ok(())
+    }
+}
+
+impl Validate for Inventory {
+    fn version(&self) -> u32 {
+        crate::WIRE_VERSION
+    }
+
+    fn validate(&self) -> R {
+        if let Some(list) = &self.attempts {
+            count_limit("inventory.attempts", list.len(), 100_000)?;
+            if list.len() != self.count as usize {
+                return bad(
+                    "inventory.count",
+                    format!("is {} but the list holds {}", self.count, list.len()),
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Validate for InventoryRequest {
+    versioned!(InventoryRequest);
+
+    fn validate(&self) -> R {
+        Ok(())
     }
 }
 

@@ -76,6 +76,18 @@ fn every_message_round_trips() {
             job: job.clone(),
             attempt: 2,
         }],
+        inventory: Some(Inventory {
+            mark: InventoryMark { epoch: 2, seq: 9 },
+            count: 1,
+            digest: inventory_digest(&[AttemptRef {
+                job: job.clone(),
+                attempt: 2,
+            }]),
+            attempts: Some(vec![AttemptRef {
+                job: job.clone(),
+                attempt: 2,
+            }]),
+        }),
     });
     round_trip(&Offer {
         v: 1,
@@ -101,6 +113,7 @@ fn every_message_round_trips() {
             job: job.clone(),
             attempt: 1,
             outcome,
+            mark: Some(InventoryMark { epoch: 1, seq: 4 }),
         });
     }
     round_trip(&CancelAttempt {
@@ -133,6 +146,7 @@ fn every_message_round_trips() {
             started_at_ms: Some(4),
             runtime_ms: Some(1),
             checkpoint: None,
+            mark: None,
         });
     }
     round_trip(&StatusAck {

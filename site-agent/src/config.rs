@@ -98,6 +98,11 @@ pub struct AgentSettings {
     pub advert_interval_ms: u64,
     /// Time a cancelled job gets between SIGTERM and SIGKILL, ms.
     pub grace_ms: u64,
+    /// How long running jobs outlive a stopped or crashed agent, for a restarted agent to take them back, ms.
+    /// An agent upgrade within this is not an outage of the site; past it, the jobs are stopped. Keep it below
+    /// the broker's `site_lost_after_ms` (10,000 by default): once the broker declares the site lost it runs
+    /// the jobs elsewhere, and the old attempts must be gone by then.
+    pub readopt_ms: u64,
     /// Ask NVML for NVIDIA GPUs at start (`auto`) or never (`off`).
     pub nvml: NvmlMode,
     /// Stop taking new work (running work finishes).
@@ -120,6 +125,7 @@ impl Default for AgentSettings {
             heartbeat_ms: 1000,
             advert_interval_ms: 10_000,
             grace_ms: 3000,
+            readopt_ms: 8_000,
             nvml: NvmlMode::Auto,
             draining: false,
         }

@@ -28,6 +28,8 @@ pub struct AgentCore {
     pub draining: bool,
     attempts: BTreeMap<(JobId, u32), Attempt>,
     finished: u64,
+    /// Changes of the set of attempts held (accepted, adopted, ended): part of the inventory mark.
+    pub changes: u64,
 }
 
 impl AgentCore {
@@ -39,6 +41,7 @@ impl AgentCore {
             draining,
             attempts: BTreeMap::new(),
             finished: 0,
+            changes: 0,
         }
     }
 
@@ -84,7 +87,11 @@ impl AgentCore {
             job: offer.job.clone(),
             attempt: offer.attempt,
             outcome,
+            mark: None,
         };
+        if accepted {
+            self.changes += 1;
+        }
         self.attempts.insert(
             key,
             Attempt {
@@ -169,8 +176,42 @@ impl AgentCore {
         a.active = false;
         a.finished_seq = Some(self.finished);
         self.finished += 1;
+        self.changes += 1;
         let (pool, devices) = (a.pool.clone(), a.devices.clone());
         self.use_devices(&pool, &devices, false);
+    }
+
+    /// Takes back an attempt an earlier run of this agent accepted and left running (its process outlived the
+    /// agent): it holds its devices again, and a repeated offer for it is answered as accepted.
+    pub fn adopt(
+        &mut self,
+        job: &JobId,
+        attempt: u32,
+        pool: &str,
+        devices: &[meridian_federation::DeviceShare],
+    ) {
+        let key = (job.clone(), attempt);
+        if self.attempts.contains_key(&key) {
+            return;
+        }
+        self.use_devices(pool, devices, true);
+        self.attempts.insert(
+            key,
+            Attempt {
+                reply: OfferReply {
+                    v: WIRE_VERSION,
+                    job: job.clone(),
+                    attempt,
+                    outcome: OfferOutcome::Accepted,
+                    mark: None,
+                },
+                pool: pool.to_owned(),
+                devices: devices.to_vec(),
+                active: true,
+                finished_seq: None,
+            },
+        );
+        self.changes += 1;
     }
 
     pub fn is_active(&self, job: &JobId, attempt: u32) -> bool {

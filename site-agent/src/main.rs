@@ -35,6 +35,9 @@ enum Cmd {
     Shim {
         #[arg(long)]
         grace_ms: u64,
+        /// How long the job outlives its agent, waiting for a new one to adopt it.
+        #[arg(long, default_value_t = 0)]
+        adopt_grace_ms: u64,
         #[arg(long)]
         pgid_file: PathBuf,
         #[arg(last = true)]
@@ -49,11 +52,13 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Some(Cmd::Shim {
             grace_ms,
+            adopt_grace_ms,
             pgid_file,
             argv,
         }) => {
             let code = meridian_adapters::local::shim_main(
                 Duration::from_millis(grace_ms),
+                Duration::from_millis(adopt_grace_ms),
                 &pgid_file,
                 &argv,
             );

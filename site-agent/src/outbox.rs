@@ -11,6 +11,9 @@ use std::path::PathBuf;
 pub struct StatusOutbox {
     path: PathBuf,
     queue: VecDeque<JobStatus>,
+    /// Updates acknowledged since this agent started (part of the inventory mark: the set of attempts
+    /// with an end still to deliver shrinks with it).
+    acked: u64,
 }
 
 impl StatusOutbox {
@@ -30,7 +33,11 @@ impl StatusOutbox {
                 tracing::warn!("{}: skipped {bad} unreadable status lines", path.display());
             }
         }
-        let outbox = StatusOutbox { path, queue };
+        let outbox = StatusOutbox {
+            path,
+            queue,
+            acked: 0,
+        };
         outbox.rewrite()?;
         Ok(outbox)
     }
@@ -71,7 +78,25 @@ impl StatusOutbox {
             return Ok(());
         }
         self.queue.drain(..n);
+        self.acked += n as u64;
         self.rewrite()
+    }
+
+    /// Updates acknowledged since this agent started.
+    pub fn acked(&self) -> u64 {
+        self.acked
+    }
+
+    /// The attempts whose end is still to be delivered.
+    pub fn pending_ends(&self) -> Vec<meridian_federation::AttemptRef> {
+        self.queue
+            .iter()
+            .filter(|s| s.state.is_terminal())
+            .map(|s| meridian_federation::AttemptRef {
+                job: s.job.clone(),
+                attempt: s.attempt,
+            })
+            .collect()
     }
 
     pub fn len(&self) -> usize {
@@ -112,6 +137,7 @@ mod tests {
             started_at_ms: None,
             runtime_ms: None,
             checkpoint: None,
+            mark: None,
         }
     }
 

@@ -12,8 +12,9 @@ use meridian_adapters::local::{self, Launch, Running};
 use meridian_adapters::probe::{group_into_pools, DeviceProbe, NvmlProbe};
 use meridian_federation::subjects::{self, SiteTopic};
 use meridian_federation::{
-    decode, encode, AttemptState, BrokerHello, CancelAttempt, DeviceState, Heartbeat, JobId,
-    JobStatus, LogsReply, LogsRequest, Offer, PoolAdvert, StatusAck, WIRE_VERSION,
+    decode, encode, inventory_digest, AttemptRef, AttemptState, BrokerHello, CancelAttempt,
+    DeviceState, Heartbeat, Inventory, InventoryMark, JobId, JobStatus, LogsReply, LogsRequest,
+    Offer, PoolAdvert, StatusAck, INVENTORY_LIST_MAX, WIRE_VERSION,
 };
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -48,9 +49,28 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// How the agent holds a job's process.
+enum Handle {
+    /// Started by this agent: the shim's pipe.
+    Started(Running),
+    /// Left running by an earlier run of this agent and taken back: watched through its files.
+    Adopted,
+}
+
+/// What an agent records of each attempt it starts, beside its group file, to take it back after a restart.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct AttemptRecord {
+    job: JobId,
+    attempt: u32,
+    pool: String,
+    devices: Vec<meridian_federation::DeviceShare>,
+    started_ms: u64,
+    checkpoint_path: PathBuf,
+}
+
 struct Proc {
     /// The job's process (none under the no-op executor).
-    handle: Option<Running>,
+    handle: Option<Handle>,
     started_ms: u64,
     cancel_reason: Option<String>,
     checkpoint_path: PathBuf,
@@ -69,6 +89,11 @@ struct Agent {
     outbox: Arc<Mutex<StatusOutbox>>,
     wake: Arc<Notify>,
     heartbeat_seq: u64,
+    /// This run's number among the agent's starts (kept in the work folder): the first part of its inventory
+    /// marks.
+    epoch: u64,
+    /// How long jobs outlive this agent, for a restarted one to take them back.
+    readopt: Duration,
     /// Use changed since the last advert: the next reap tick (every 100 ms) sends one, so a burst of starts
     /// costs one advert, not one each.
     advert_due: bool,
@@ -181,9 +206,11 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
         outbox,
         wake,
         heartbeat_seq: 0,
+        epoch: next_epoch(&opts.work_dir)?,
+        readopt: Duration::from_millis(site.agent.readopt_ms),
         advert_due: false,
     };
-    agent.reap_leftovers();
+    agent.take_back_leftovers();
 
     let mut offers = client
         .subscribe(subjects::site(&id, SiteTopic::Offer))
@@ -195,6 +222,9 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
         .subscribe(subjects::site(&id, SiteTopic::Logs))
         .await?;
     let mut hellos = client.subscribe(subjects::BROKER_HELLO).await?;
+    let mut inventory_asks = client
+        .subscribe(subjects::site(&id, SiteTopic::Inventory))
+        .await?;
     agent.publish_advert().await;
 
     let mut heartbeat =
@@ -209,6 +239,12 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
             Some(m) = offers.next() => agent.on_offer(m).await,
             Some(m) = cancels.next() => agent.on_cancel(&m.payload),
             Some(m) = logs.next() => agent.on_logs(m).await,
+            Some(m) = inventory_asks.next() => {
+                if let Some(reply) = m.reply {
+                    let inv = agent.inventory(true);
+                    agent.publish(reply.to_string(), encode(&inv)).await;
+                }
+            }
             Some(m) = hellos.next() => {
                 if decode::<BrokerHello>(&m.payload).is_ok() {
                     agent.publish_advert().await;
@@ -229,13 +265,28 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
             _ = sigterm.recv() => break,
         }
     }
-    tracing::info!("site {id} stopping; running jobs are stopped with it");
-    for p in agent.procs.values_mut() {
-        if let Some(h) = &mut p.handle {
-            h.stop();
-        }
-    }
+    // Running jobs outlive the agent for the re-adoption grace: an agent started again meanwhile (an upgrade,
+    // a restart by its supervisor) takes them back; otherwise their shims stop them.
+    tracing::info!(
+        "site {id} stopping; {} running jobs stay for {} ms for a restarted agent to take back",
+        agent.procs.len(),
+        agent.readopt.as_millis()
+    );
     Ok(())
+}
+
+/// The number of this start of the agent (one more than the last, kept in the work folder).
+fn next_epoch(work_dir: &std::path::Path) -> anyhow::Result<u64> {
+    let path = work_dir.join("epoch");
+    let last: u64 = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(0);
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, (last + 1).to_string())
+        .and_then(|()| std::fs::rename(&tmp, &path))
+        .with_context(|| format!("recording this start in {}", path.display()))?;
+    Ok(last + 1)
 }
 
 /// The checkpoint URI a job wrote to its checkpoint file, if any (at most 4 KiB).
@@ -369,13 +420,19 @@ impl Agent {
 
     async fn publish_heartbeat(&mut self) {
         self.heartbeat_seq += 1;
+        let running = self.core.running();
         let h = Heartbeat {
             v: WIRE_VERSION,
             site: self.core.info.id.clone(),
             seq: self.heartbeat_seq,
             sent_at_ms: now_ms(),
             generation: self.core.generation,
-            running: self.core.running(),
+            running: if running.len() <= INVENTORY_LIST_MAX {
+                running
+            } else {
+                Vec::new()
+            },
+            inventory: Some(self.inventory(false)),
         };
         self.publish(subjects::site(&h.site, SiteTopic::Heartbeat), encode(&h))
             .await;
@@ -394,6 +451,7 @@ impl Agent {
             started_at_ms: p.map(|p| p.started_ms),
             runtime_ms: p.map(|p| now.saturating_sub(p.started_ms)),
             checkpoint,
+            mark: Some(self.mark()),
         };
         match self.outbox.lock() {
             Ok(mut o) => {
@@ -419,7 +477,7 @@ impl Agent {
                 return;
             }
         };
-        let (reply, start) = self.core.on_offer(&offer);
+        let (mut reply, start) = self.core.on_offer(&offer);
         if start {
             if let Err(e) = self.start(&offer) {
                 tracing::error!("job {} attempt {}: {e}", offer.job, offer.attempt);
@@ -433,6 +491,9 @@ impl Agent {
                     None,
                 );
             }
+        }
+        if reply.outcome == meridian_federation::OfferOutcome::Accepted {
+            reply.mark = Some(self.mark());
         }
         self.publish(reply_to.to_string(), encode(&reply)).await;
         if start {
@@ -486,6 +547,18 @@ impl Agent {
         let handle = match self.executor {
             Executor::Noop => None,
             Executor::Process => {
+                let record = AttemptRecord {
+                    job: offer.job.clone(),
+                    attempt: offer.attempt,
+                    pool: offer.pool.clone(),
+                    devices: offer.devices.clone(),
+                    started_ms: now_ms(),
+                    checkpoint_path: checkpoint_path.clone(),
+                };
+                std::fs::write(
+                    pgid_path.with_extension("json"),
+                    serde_json::to_vec(&record)?,
+                )?;
                 let handle = local::launch(&Launch {
                     shim_program: std::env::current_exe()?,
                     command: offer.spec.run.command.clone(),
@@ -494,6 +567,7 @@ impl Agent {
                     log_path: job_dir.join("output.log"),
                     pgid_path: pgid_path.clone(),
                     grace: self.grace,
+                    adopt_grace: self.readopt,
                 })?;
                 tracing::info!(
                     "job {} attempt {} started (pid {})",
@@ -501,7 +575,7 @@ impl Agent {
                     offer.attempt,
                     handle.pid()
                 );
-                Some(handle)
+                Some(Handle::Started(handle))
             }
         };
         let p = Proc {
@@ -533,8 +607,10 @@ impl Agent {
                 c.reason
             );
             p.cancel_reason = Some(c.reason);
-            if let Some(h) = &mut p.handle {
-                h.stop();
+            match &mut p.handle {
+                Some(Handle::Started(h)) => h.stop(),
+                Some(Handle::Adopted) => local::request_stop(&p.pgid_path),
+                None => {}
             }
         }
     }
@@ -582,10 +658,18 @@ impl Agent {
                 }
                 continue;
             };
-            match h.try_wait() {
-                Ok(Some(status)) => done.push((key.clone(), local::exit_code(status))),
-                Ok(None) => {}
-                Err(e) => tracing::warn!("waiting for {}: {e}", key.0),
+            match h {
+                Handle::Started(h) => match h.try_wait() {
+                    Ok(Some(status)) => done.push((key.clone(), local::exit_code(status))),
+                    Ok(None) => {}
+                    Err(e) => tracing::warn!("waiting for {}: {e}", key.0),
+                },
+                // Its shim is gone: the command's exit code, or stopped (a signal's code).
+                Handle::Adopted if !local::shim_alive(&p.pgid_path) => {
+                    let code = local::kept_exit_code(&p.pgid_path).unwrap_or(143);
+                    done.push((key.clone(), code));
+                }
+                Handle::Adopted => {}
             }
         }
         if done.is_empty() {
@@ -607,38 +691,96 @@ impl Agent {
             };
             tracing::info!("job {job} attempt {attempt} ended: {state:?}");
             self.status(&job, attempt, state, Some(&p));
-            let _ = std::fs::remove_file(&p.pgid_path);
-            let _ = std::fs::remove_file(local::exit_file(&p.pgid_path));
+            local::forget(&p.pgid_path);
             self.core.on_finished(&job, attempt);
         }
         self.advert_due = true;
     }
 
-    /// Deals with the jobs an earlier run of this agent left: one whose command ended by itself (its shim kept
-    /// the exit code) is reported with that outcome; any other has its process group killed and is reported
-    /// interrupted, so that the broker runs it again.
-    fn reap_leftovers(&mut self) {
+    /// Where this agent's set of attempts stands (see [`InventoryMark`]).
+    fn mark(&self) -> InventoryMark {
+        let acked = self.outbox.lock().map_or(0, |o| o.acked());
+        InventoryMark {
+            epoch: self.epoch,
+            seq: self.core.changes + acked,
+        }
+    }
+
+    /// What this agent holds: attempts running, and ended ones whose end the broker has not acknowledged. The
+    /// list goes with it when `full` or when it is short.
+    fn inventory(&self, full: bool) -> Inventory {
+        let mark = self.mark();
+        let mut attempts: Vec<AttemptRef> = self.core.running();
+        if let Ok(o) = self.outbox.lock() {
+            attempts.extend(o.pending_ends());
+        }
+        attempts.sort();
+        attempts.dedup();
+        Inventory {
+            mark,
+            count: attempts.len() as u32,
+            digest: inventory_digest(&attempts),
+            attempts: (full || attempts.len() <= INVENTORY_LIST_MAX).then_some(attempts),
+        }
+    }
+
+    /// Takes back the jobs an earlier run of this agent left. One still running under its shim is adopted: it
+    /// holds its devices again and goes on as if the agent had never stopped. One whose command ended meanwhile
+    /// is reported by its kept exit code; any other has its process group killed and is reported interrupted,
+    /// so that the broker runs it again. Run times come from the attempt's record.
+    fn take_back_leftovers(&mut self) {
         let Ok(entries) = std::fs::read_dir(self.work_dir.join("run")) else {
             return;
         };
+        let mut adopted = 0;
         for entry in entries.flatten() {
             let path = entry.path();
             if path.extension().and_then(|e| e.to_str()) != Some("pgid") {
                 continue;
             }
-            let Some(stem) = path.file_stem().and_then(|s| s.to_str()).map(str::to_owned) else {
-                continue;
+            let record: Option<AttemptRecord> = std::fs::read(path.with_extension("json"))
+                .ok()
+                .and_then(|b| serde_json::from_slice(&b).ok());
+            let (job, attempt) = match &record {
+                Some(r) => (r.job.clone(), r.attempt),
+                None => {
+                    let Some(stem) = path.file_stem().and_then(|s| s.to_str()) else {
+                        continue;
+                    };
+                    let Some((job, attempt)) = stem.split_once("__") else {
+                        continue;
+                    };
+                    let (Ok(job), Ok(attempt)) = (JobId::new(job), attempt.parse::<u32>()) else {
+                        continue;
+                    };
+                    (job, attempt)
+                }
             };
+            if let Some(r) = record.as_ref().filter(|_| local::adopt(&path)) {
+                self.core.adopt(&r.job, r.attempt, &r.pool, &r.devices);
+                self.procs.insert(
+                    (r.job.clone(), r.attempt),
+                    Proc {
+                        handle: Some(Handle::Adopted),
+                        started_ms: r.started_ms,
+                        cancel_reason: None,
+                        checkpoint_path: r.checkpoint_path.clone(),
+                        pgid_path: path.clone(),
+                        reported_checkpoint: None,
+                    },
+                );
+                adopted += 1;
+                continue;
+            }
             let kept = local::kept_exit_code(&path);
             let killed = kept.is_none() && local::reap(&path);
-            let _ = std::fs::remove_file(&path);
-            let _ = std::fs::remove_file(local::exit_file(&path));
-            let Some((job, attempt)) = stem.split_once("__") else {
-                continue;
-            };
-            let (Ok(job), Ok(attempt)) = (JobId::new(job), attempt.parse::<u32>()) else {
-                continue;
-            };
+            let started = record.as_ref().map(|r| r.started_ms);
+            let ended = std::fs::metadata(local::exit_file(&path))
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                .map_or_else(now_ms, |d| d.as_millis() as u64);
+            local::forget(&path);
             let state = match kept {
                 Some(0) => AttemptState::Succeeded { exit_code: 0 },
                 Some(c) => AttemptState::Failed {
@@ -646,13 +788,37 @@ impl Agent {
                     reason: format!("exit code {c}"),
                 },
                 None => AttemptState::Interrupted {
-                    reason: "agent restarted; the attempt was stopped".into(),
+                    reason: "agent restarted after its re-adoption grace; the attempt was stopped"
+                        .into(),
                 },
             };
             tracing::info!(
                 "job {job} attempt {attempt} was left by an earlier run (group killed: {killed}): {state:?}"
             );
-            self.status(&job, attempt, state, None);
+            let update = JobStatus {
+                v: WIRE_VERSION,
+                job: job.clone(),
+                attempt,
+                site: self.core.info.id.clone(),
+                state,
+                at_ms: now_ms(),
+                started_at_ms: started,
+                runtime_ms: started.map(|s| ended.saturating_sub(s)),
+                checkpoint: record
+                    .as_ref()
+                    .and_then(|r| read_checkpoint(&r.checkpoint_path)),
+                mark: Some(self.mark()),
+            };
+            if let Ok(mut o) = self.outbox.lock() {
+                if let Err(e) = o.push(update) {
+                    tracing::error!("status outbox: {e}");
+                }
+            }
+            self.wake.notify_one();
+        }
+        if adopted > 0 {
+            tracing::info!("took back {adopted} jobs still running from an earlier run");
+            self.advert_due = true;
         }
     }
 }

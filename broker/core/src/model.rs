@@ -99,6 +99,9 @@ pub struct Site {
     pub last_seen_ms: Millis,
     /// False once heartbeats stopped for longer than the loss timeout.
     pub up: bool,
+    /// When its whole inventory was last asked for (liveness, not journaled).
+    #[serde(skip)]
+    pub inventory_asked_ms: Millis,
     /// Drain asked by the site itself in its advert.
     pub advert_draining: bool,
     /// Drain asked through the API.
@@ -113,6 +116,7 @@ impl Site {
             generation: a.generation,
             last_seen_ms: now,
             up: true,
+            inventory_asked_ms: 0,
             advert_draining: a.draining,
             api_draining: false,
         }
@@ -289,6 +293,10 @@ pub struct Job {
     /// It waits because no site of the federation can run it as it stands (sites that join may).
     #[serde(default)]
     pub unsatisfiable: bool,
+    /// The site's inventory mark when it accepted the current attempt: an inventory from this mark on that
+    /// omits the attempt means the site no longer has it.
+    #[serde(default)]
+    pub accepted: Option<meridian_federation::InventoryMark>,
 }
 
 impl Job {
@@ -318,6 +326,7 @@ impl Job {
             history: Vec::new(),
             runs: Vec::new(),
             unsatisfiable: false,
+            accepted: None,
         }
     }
 

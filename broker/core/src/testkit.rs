@@ -206,6 +206,7 @@ impl TestEnv {
             job: offer.job.clone(),
             attempt: offer.attempt,
             outcome,
+            mark: None,
         });
     }
 
@@ -220,6 +221,7 @@ impl TestEnv {
             started_at_ms: None,
             runtime_ms: Some(runtime_ms),
             checkpoint: None,
+            mark: None,
         }));
     }
 
@@ -232,6 +234,7 @@ impl TestEnv {
             sent_at_ms: self.now,
             generation: 1,
             running: vec![],
+            inventory: None,
         }));
     }
 

@@ -6,6 +6,7 @@
 
 pub mod nats;
 pub mod process;
+pub mod proxy;
 
 use anyhow::{bail, Context};
 pub use nats::{Nats, NatsServer};
@@ -121,8 +122,9 @@ pub struct LocalFederation {
     pub nats: Nats,
     pub brokers: Vec<BrokerSlot>,
     pub agents: Vec<AgentProc>,
-    /// The active broker's HTTP API.
+    /// The federation's HTTP API: a stable address that reaches whichever broker serves it now.
     pub http: String,
+    relay: Option<proxy::Relay>,
     pub dir: PathBuf,
     _tmp: Option<tempfile::TempDir>,
     agent_bin: PathBuf,
@@ -132,7 +134,34 @@ pub struct LocalFederation {
     broker_cmd: (PathBuf, Vec<std::ffi::OsString>),
 }
 
+impl Drop for LocalFederation {
+    /// Stops the agents (their jobs would wait for a restarted agent), then every job they left, at once: a
+    /// local federation that stops leaves no process behind.
+    fn drop(&mut self) {
+        for a in &mut self.agents {
+            a.proc.stop(std::time::Duration::from_millis(500));
+        }
+        self.stop_jobs();
+    }
+}
+
 impl LocalFederation {
+    /// Kills every job the agents left running (their process groups and shims).
+    pub fn stop_jobs(&self) {
+        for a in &self.agents {
+            let run = self.dir.join("agents").join(&a.id).join("run");
+            let Ok(entries) = std::fs::read_dir(&run) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                let p = e.path();
+                if p.extension().and_then(|x| x.to_str()) == Some("pgid") {
+                    meridian_adapters::local::kill_now(&p);
+                }
+            }
+        }
+    }
+
     pub fn start(file: &Path, opts: LocalOptions) -> anyhow::Result<Self> {
         let (fed, base) = FederationFile::load(file)?;
         let (tmp, dir) = match &opts.dir {
@@ -203,6 +232,7 @@ impl LocalFederation {
             brokers,
             agents: Vec::new(),
             http: String::new(),
+            relay: None,
             dir: dir.clone(),
             _tmp: tmp,
             agent_bin,
@@ -211,7 +241,10 @@ impl LocalFederation {
             broker_cmd: (meridian, args),
         };
         this.start_broker(0)?;
-        this.http = this.wait_for_broker()?;
+        this.wait_for_broker()?;
+        let relay = proxy::Relay::start(this.brokers.iter().map(|b| b.addr.clone()).collect())?;
+        this.http = format!("http://{}", relay.addr);
+        this.relay = Some(relay);
         // The standby starts once the first is active, so the first is the one that starts active.
         for slot in 1..this.brokers.len() {
             this.start_broker(slot)?;
@@ -286,14 +319,14 @@ impl LocalFederation {
         let _ = std::fs::remove_file(&b.addr);
     }
 
-    /// Waits until a broker is active; returns its API's URL.
+    /// Waits until a broker is active; returns the URL of its own API (the federation's stable one is
+    /// [`Self::http`]).
     pub fn wait_for_broker(&mut self) -> anyhow::Result<String> {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Some(slot) = self.active_broker() {
                 let addr = std::fs::read_to_string(&self.brokers[slot].addr)?;
-                self.http = format!("http://{}", addr.trim());
-                return Ok(self.http.clone());
+                return Ok(format!("http://{}", addr.trim()));
             }
             let running = self
                 .brokers
@@ -352,6 +385,13 @@ impl LocalFederation {
     pub fn kill_agent(&mut self, id: &str) {
         if let Some(a) = self.agents.iter_mut().find(|a| a.id == id) {
             a.proc.kill9();
+        }
+    }
+
+    /// Stops an agent as a supervisor would (SIGTERM to its process group; SIGKILL after 5 s).
+    pub fn stop_agent(&mut self, id: &str) {
+        if let Some(a) = self.agents.iter_mut().find(|a| a.id == id) {
+            a.proc.stop(Duration::from_secs(5));
         }
     }
 

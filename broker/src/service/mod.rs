@@ -757,19 +757,30 @@ fn send(handle: &BrokerHandle, command: Command, offer_timeout: Duration) {
                     h.client.request(subject, Bytes::from(body)),
                 )
                 .await;
-                let outcome = match reply {
+                let (outcome, mark) = match reply {
                     Err(_) => return,
-                    Ok(Err(e)) => OfferOutcome::Rejected {
-                        reason: format!("no answer: {e}"),
-                    },
+                    Ok(Err(e)) => (
+                        OfferOutcome::Rejected {
+                            reason: format!("no answer: {e}"),
+                        },
+                        None,
+                    ),
                     Ok(Ok(m)) => match decode::<OfferReply>(&m.payload) {
-                        Ok(r) if r.job == offer.job && r.attempt == offer.attempt => r.outcome,
-                        Ok(_) => OfferOutcome::Rejected {
-                            reason: "answer names another attempt".into(),
-                        },
-                        Err(e) => OfferOutcome::Rejected {
-                            reason: format!("unreadable answer: {e}"),
-                        },
+                        Ok(r) if r.job == offer.job && r.attempt == offer.attempt => {
+                            (r.outcome, r.mark)
+                        }
+                        Ok(_) => (
+                            OfferOutcome::Rejected {
+                                reason: "answer names another attempt".into(),
+                            },
+                            None,
+                        ),
+                        Err(e) => (
+                            OfferOutcome::Rejected {
+                                reason: format!("unreadable answer: {e}"),
+                            },
+                            None,
+                        ),
                     },
                 };
                 h.feed(Event::OfferAnswer {
@@ -777,7 +788,23 @@ fn send(handle: &BrokerHandle, command: Command, offer_timeout: Duration) {
                     job: offer.job,
                     attempt: offer.attempt,
                     outcome,
+                    mark,
                 });
+            }
+            Command::AskInventory { site } => {
+                let Ok(body) = encode(&meridian_federation::InventoryRequest { v: WIRE_VERSION })
+                else {
+                    return;
+                };
+                let subject = subjects::site(&site, SiteTopic::Inventory);
+                let asked = h.client.request(subject, Bytes::from(body));
+                match tokio::time::timeout(Duration::from_secs(10), asked).await {
+                    Ok(Ok(m)) => match decode::<meridian_federation::Inventory>(&m.payload) {
+                        Ok(inventory) => h.feed(Event::Inventory { site, inventory }),
+                        Err(e) => tracing::warn!("site {site} sent an unreadable inventory: {e}"),
+                    },
+                    _ => tracing::debug!("site {site} did not answer for its inventory"),
+                }
             }
             Command::Cancel { site, cancel } => {
                 if let Ok(body) = encode(&cancel) {

@@ -273,6 +273,8 @@ impl Sim<'_> {
                         self.stop(now, &site, &cancel.job, cancel.attempt)?;
                         continue;
                     }
+                    // The simulated agents send no inventories.
+                    Command::AskInventory { .. } => continue,
                 };
                 let Some(agent) = self.agents.get_mut(&offer.site) else {
                     continue;
@@ -286,6 +288,7 @@ impl Sim<'_> {
                         job: offer.job.clone(),
                         attempt: offer.attempt,
                         outcome: reply.outcome,
+                        mark: reply.mark,
                     },
                 )?;
                 if !(accepted && start) {
@@ -401,6 +404,7 @@ impl Sim<'_> {
                 started_at_ms: Some(started),
                 runtime_ms: Some(now - started),
                 checkpoint: None,
+                mark: None,
             }),
         )?;
         if let Some(run) = self

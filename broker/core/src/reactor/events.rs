@@ -2,8 +2,8 @@
 
 use crate::journal::JournalError;
 use meridian_federation::{
-    CancelAttempt, ErrorCode, Heartbeat, JobId, JobSpec, JobStatus, Offer, OfferOutcome,
-    SiteAdvert, SiteId, SubmitReply, TenantId,
+    CancelAttempt, ErrorCode, Heartbeat, Inventory, InventoryMark, JobId, JobSpec, JobStatus,
+    Offer, OfferOutcome, SiteAdvert, SiteId, SubmitReply, TenantId,
 };
 
 /// Everything that can change broker state.
@@ -19,6 +19,9 @@ pub enum Event {
         job: JobId,
         attempt: u32,
         outcome: OfferOutcome,
+        /// The agent's inventory mark once it accepted (see [`meridian_federation::InventoryMark`]).
+        #[serde(default)]
+        mark: Option<InventoryMark>,
     },
     Status(JobStatus),
     Drain {
@@ -57,6 +60,21 @@ pub enum Event {
         job: JobId,
         attempt: u32,
     },
+    /// An agent's whole inventory, asked for when its heartbeat's digest differed from what the broker expects.
+    /// Liveness, like a heartbeat: not journaled; what it decides is.
+    Inventory {
+        site: SiteId,
+        inventory: Inventory,
+    },
+    /// The live broker found that a site no longer has an attempt it had accepted (an inventory from after
+    /// the acceptance omits it, and its end was never reported): the attempt is over, run for `runtime_ms`,
+    /// and the job is requeued. (Format 2.)
+    AttemptLost {
+        site: SiteId,
+        job: JobId,
+        attempt: u32,
+        runtime_ms: u64,
+    },
     /// The shell stored these finished jobs in the archive: they leave the live state (their metering, fair
     /// share and idempotency keys stay in aggregates). (Format 2.)
     Archived {
@@ -73,7 +91,14 @@ pub enum Event {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Command {
     Offer(Offer),
-    Cancel { site: SiteId, cancel: CancelAttempt },
+    Cancel {
+        site: SiteId,
+        cancel: CancelAttempt,
+    },
+    /// Ask the site's agent for its whole inventory; the answer comes back as [`Event::Inventory`].
+    AskInventory {
+        site: SiteId,
+    },
 }
 
 /// What a step answers.

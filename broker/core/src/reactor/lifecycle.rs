@@ -100,6 +100,7 @@ impl<J: Journal> Reactor<J> {
         id: JobId,
         attempt: u32,
         outcome: OfferOutcome,
+        mark: Option<meridian_federation::InventoryMark>,
     ) {
         let current = self.is_current(&id, attempt, &site);
         let offered = self
@@ -125,6 +126,7 @@ impl<J: Journal> Reactor<J> {
             OfferOutcome::Accepted => {
                 if let Some(job) = self.state.jobs.get_mut(&id) {
                     job.phase = JobPhase::Running;
+                    job.accepted = mark;
                     job.started_ms.get_or_insert(now);
                     job.note(now, format!("attempt {attempt} accepted by {site}"));
                 }
@@ -159,6 +161,7 @@ impl<J: Journal> Reactor<J> {
         if let Some(job) = self.state.jobs.get_mut(id) {
             job.phase = JobPhase::Pending;
             job.assignment = None;
+            job.accepted = None;
             job.offered_ms = None;
             if restart_wait {
                 job.waiting_since_ms = now;
@@ -212,6 +215,9 @@ impl<J: Journal> Reactor<J> {
         match s.state.clone() {
             AttemptState::Running => {
                 if let Some(job) = self.state.jobs.get_mut(&id) {
+                    if job.accepted.is_none() {
+                        job.accepted = s.mark;
+                    }
                     let first = job.phase == JobPhase::Offered || job.started_ms.is_none();
                     if job.phase == JobPhase::Offered {
                         job.phase = JobPhase::Running;
@@ -274,17 +280,17 @@ impl<J: Journal> Reactor<J> {
     /// Meters the end of an attempt into the job's ledger (once per attempt): its run time at the rates of the
     /// site and pool it ran on.
     pub(super) fn meter(&mut self, s: &JobStatus) {
-        let Some(job) = self.state.jobs.get(&s.job) else {
+        self.meter_runtime(&s.job, s.attempt, s.runtime_ms.unwrap_or(0));
+    }
+
+    /// Meters the end of an attempt that ran for `runtime` ms (once per attempt).
+    pub(super) fn meter_runtime(&mut self, id: &JobId, attempt: u32, runtime: u64) {
+        let Some(job) = self.state.jobs.get(id) else {
             return;
         };
-        let Some(run) = job
-            .runs
-            .iter()
-            .find(|r| r.attempt == s.attempt && !r.metered)
-        else {
+        let Some(run) = job.runs.iter().find(|r| r.attempt == attempt && !r.metered) else {
             return;
         };
-        let runtime = s.runtime_ms.unwrap_or(0);
         let amounts = self
             .state
             .sites
@@ -296,8 +302,8 @@ impl<J: Journal> Reactor<J> {
                 })
             })
             .unwrap_or_default();
-        if let Some(job) = self.state.jobs.get_mut(&s.job) {
-            if let Some(run) = job.runs.iter_mut().find(|r| r.attempt == s.attempt) {
+        if let Some(job) = self.state.jobs.get_mut(id) {
+            if let Some(run) = job.runs.iter_mut().find(|r| r.attempt == attempt) {
                 run.runtime_ms = runtime;
                 run.amounts = amounts;
                 run.metered = true;

@@ -7,6 +7,7 @@ mod history;
 mod invariants;
 mod lifecycle;
 mod liveness;
+mod reconcile;
 mod scheduling;
 mod state;
 mod tenancy;
@@ -153,9 +154,20 @@ impl<J: Journal> Reactor<J> {
     /// Applies one event at time `now`.
     pub fn step(&mut self, now: Millis, event: Event) -> Result<Response, StepError> {
         self.check(now, &event)?;
-        if matches!(event, Event::Tick) && self.state.format() >= JOURNALED_DECISIONS {
-            // What liveness decides is journaled as decisions of their own, before the tick.
-            for decision in self.due_decisions(now) {
+        if self.state.format() >= JOURNALED_DECISIONS {
+            // What liveness decides is journaled as decisions of their own, before the event.
+            let decisions = match &event {
+                Event::Tick => self.due_decisions(now),
+                Event::Heartbeat(h) => match &h.inventory {
+                    Some(inv) => self.inventory_decisions(now, &h.site, inv),
+                    None => Vec::new(),
+                },
+                Event::Inventory { site, inventory } => {
+                    self.inventory_decisions(now, site, inventory)
+                }
+                _ => Vec::new(),
+            };
+            for decision in decisions {
                 self.record_and_apply(now, decision)?;
             }
         }
@@ -298,7 +310,10 @@ impl<J: Journal> Reactor<J> {
     /// with nothing due only refresh liveness, which is rebuilt from the next heartbeats after a restart.
     fn is_durable(&self, now: Millis, event: &Event) -> bool {
         match event {
-            Event::Heartbeat(_) => false,
+            Event::Heartbeat(_) | Event::Inventory { .. } => false,
+            Event::AttemptLost {
+                site, job, attempt, ..
+            } => self.is_current(job, *attempt, site),
             Event::Advert(a) => !self
                 .state
                 .sites
@@ -343,9 +358,20 @@ impl<J: Journal> Reactor<J> {
                 job,
                 attempt,
                 outcome,
+                mark,
             } => {
-                self.on_offer_answer(now, site, job, attempt, outcome);
+                self.on_offer_answer(now, site, job, attempt, outcome, mark);
                 Response::Done
+            }
+            Event::Inventory { .. } => Response::Done,
+            Event::AttemptLost {
+                site,
+                job,
+                attempt,
+                runtime_ms,
+            } => {
+                self.on_attempt_lost(now, &site, &job, attempt, runtime_ms);
+                Response::Job(job)
             }
             Event::Status(s) => {
                 self.on_status(now, s);

@@ -53,6 +53,7 @@ fn the_report_adds_up_to_the_job_records_in_every_breakdown() {
             started_at_ms: None,
             runtime_ms: Some(600_000),
             checkpoint: None,
+            mark: None,
         }));
     }
     // Everything running ends after an hour.
@@ -82,6 +83,7 @@ fn the_report_adds_up_to_the_job_records_in_every_breakdown() {
             started_at_ms: None,
             runtime_ms: Some(3_600_000),
             checkpoint: None,
+            mark: None,
         }));
     }
     run_all(&mut env);

@@ -282,3 +282,80 @@ fn unknown_residency_is_refused_before_the_journal() {
     assert_eq!(err.field().as_deref(), Some("constraints.residency"));
     assert_eq!(env.reactor.journal().records.len(), before);
 }
+
+fn inventory(epoch: u64, seq: u64, attempts: Vec<AttemptRef>, list: bool) -> Inventory {
+    Inventory {
+        mark: InventoryMark { epoch, seq },
+        count: attempts.len() as u32,
+        digest: inventory_digest(&attempts),
+        attempts: list.then_some(attempts),
+    }
+}
+
+fn heartbeat_with(env: &mut TestEnv, site: &str, inv: Inventory) {
+    env.step(Event::Heartbeat(Heartbeat {
+        v: 1,
+        site: SiteId::new(site).unwrap(),
+        seq: 0,
+        sent_at_ms: env.now,
+        generation: 1,
+        running: vec![],
+        inventory: Some(inv),
+    }));
+}
+
+/// An agent that restarted without a job it had accepted says so in its inventory: the broker ends that
+/// attempt (metered for the time it ran) and runs the job again; an inventory from before the acceptance, or
+/// one that still lists it, changes nothing.
+#[test]
+fn an_attempt_the_site_no_longer_has_is_ended_and_its_job_requeued() {
+    let mut env = TestEnv::new(trio());
+    let id = env.submit(job("lost", 1));
+    let offer = env.take_offers().remove(0);
+    let site = offer.site.to_string();
+    env.step(Event::OfferAnswer {
+        site: offer.site.clone(),
+        job: offer.job.clone(),
+        attempt: offer.attempt,
+        outcome: OfferOutcome::Accepted,
+        mark: Some(InventoryMark { epoch: 1, seq: 5 }),
+    });
+    let held = vec![AttemptRef {
+        job: id.clone(),
+        attempt: 1,
+    }];
+    // Older than the acceptance, or listing it: nothing happens.
+    heartbeat_with(&mut env, &site, inventory(1, 4, vec![], true));
+    heartbeat_with(&mut env, &site, inventory(1, 6, held.clone(), true));
+    assert_eq!(env.phase(&id), JobPhase::Running);
+    // Only a digest that matches: nothing either, and nothing asked.
+    heartbeat_with(&mut env, &site, inventory(1, 7, held, false));
+    assert!(env
+        .sent
+        .iter()
+        .all(|c| !matches!(c, Command::AskInventory { .. })));
+    // A digest that differs: the broker asks for the list.
+    heartbeat_with(&mut env, &site, inventory(2, 0, vec![], false));
+    assert!(env
+        .sent
+        .iter()
+        .any(|c| matches!(c, Command::AskInventory { site: s } if s.as_str() == site)));
+    assert_eq!(env.phase(&id), JobPhase::Running);
+    // The list, from after a restart, without the attempt: it is over, and the job runs again.
+    env.now += 60_000;
+    env.step(Event::Inventory {
+        site: SiteId::new(&site).unwrap(),
+        inventory: inventory(2, 0, vec![], true),
+    });
+    let j = &env.reactor.state().jobs()[&id];
+    assert_eq!(j.runs[0].runtime_ms, 60_000, "metered for the time it ran");
+    assert!(j
+        .history
+        .iter()
+        .any(|(_, w)| w.contains("no longer has attempt 1")));
+    assert_eq!(j.attempt, 2, "offered again");
+    assert!(env
+        .take_offers()
+        .iter()
+        .any(|o| o.job == id && o.attempt == 2));
+}

@@ -56,6 +56,10 @@ enum Action {
     Archive {
         retention_s: u32,
     },
+    /// The site's agent restarts and has lost every attempt it ran.
+    AgentRestart {
+        site: usize,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -196,6 +200,7 @@ fn action() -> impl Strategy<Value = Action> {
         1 => (1..3u32).prop_map(|remove| Action::ScaleIn { remove }),
         1 => Just(Action::Resume),
         1 => (0..30u32).prop_map(|retention_s| Action::Archive { retention_s }),
+        1 => (0..4usize).prop_map(|site| Action::AgentRestart { site }),
     ]
 }
 
@@ -214,6 +219,10 @@ struct Run {
     replayed: usize,
     /// The same events into a reactor that tries every waiting job in every pass.
     naive: Reactor<MemoryJournal>,
+    /// Each site's agent: its inventory mark (starts, changes).
+    marks: Vec<InventoryMark>,
+    /// Sites whose whole inventory the broker asked for.
+    asked: Vec<SiteId>,
 }
 
 fn reactor() -> Reactor<MemoryJournal> {
@@ -236,6 +245,8 @@ impl Run {
             keys: BTreeMap::new(),
             replica: reactor(),
             replayed: 0,
+            marks: vec![InventoryMark { epoch: 1, seq: 0 }; 4],
+            asked: Vec::new(),
             naive: Reactor::new(
                 CoreConfig {
                     exhaustive_passes: true,
@@ -260,6 +271,7 @@ impl Run {
                 Command::Cancel { cancel, .. } => self
                     .running
                     .retain(|o| !(o.job == cancel.job && o.attempt == cancel.attempt)),
+                Command::AskInventory { site } => self.asked.push(site),
             }
         }
         self.live
@@ -320,14 +332,57 @@ impl Run {
                         attempt: 7,
                     });
                 }
+                // The inventory: the list itself, or (when `stale`) only its digest.
+                let held: Vec<AttemptRef> =
+                    running.iter().filter(|a| a.attempt != 7).cloned().collect();
+                let inventory = Inventory {
+                    mark: self.marks[*site],
+                    count: held.len() as u32,
+                    digest: inventory_digest(&held),
+                    attempts: (!*stale).then(|| held.clone()),
+                };
                 self.step(Event::Heartbeat(Heartbeat {
                     v: 1,
-                    site: id,
+                    site: id.clone(),
                     seq: 0,
                     sent_at_ms: self.now,
                     generation: self.adverts[*site].generation,
                     running,
+                    inventory: Some(inventory),
                 }));
+                // The agent answers a request for its whole inventory at once.
+                for asked in std::mem::take(&mut self.asked) {
+                    let Some(i) = self.adverts.iter().position(|a| a.site.id == asked) else {
+                        continue;
+                    };
+                    let list: Vec<AttemptRef> = self
+                        .running
+                        .iter()
+                        .filter(|o| o.site == asked)
+                        .map(|o| AttemptRef {
+                            job: o.job.clone(),
+                            attempt: o.attempt,
+                        })
+                        .collect();
+                    self.step(Event::Inventory {
+                        site: asked,
+                        inventory: Inventory {
+                            mark: self.marks[i],
+                            count: list.len() as u32,
+                            digest: inventory_digest(&list),
+                            attempts: Some(list),
+                        },
+                    });
+                }
+            }
+            Action::AgentRestart { site } => {
+                let id = self.adverts[*site].site.id.clone();
+                self.running.retain(|o| o.site != id);
+                self.offers.retain(|o| o.site != id);
+                self.marks[*site] = InventoryMark {
+                    epoch: self.marks[*site].epoch + 1,
+                    seq: 0,
+                };
             }
             Action::Submit(s) => {
                 let spec = self.spec(s);
@@ -338,8 +393,14 @@ impl Run {
                     return;
                 }
                 let o = self.offers.remove(pick % self.offers.len());
+                let site = self.adverts.iter().position(|a| a.site.id == o.site);
+                let mut mark = None;
                 let outcome = if *accept {
                     self.running.push(o.clone());
+                    if let Some(i) = site {
+                        self.marks[i].seq += 1;
+                        mark = Some(self.marks[i]);
+                    }
                     OfferOutcome::Accepted
                 } else {
                     OfferOutcome::Rejected {
@@ -351,6 +412,7 @@ impl Run {
                     job: o.job,
                     attempt: o.attempt,
                     outcome,
+                    mark,
                 });
             }
             Action::Status {
@@ -380,6 +442,9 @@ impl Run {
                 };
                 if state.is_terminal() && !stale {
                     self.running.remove(i);
+                    if let Some(k) = self.adverts.iter().position(|a| a.site.id == o.site) {
+                        self.marks[k].seq += 1;
+                    }
                 }
                 self.step(Event::Status(JobStatus {
                     v: 1,
@@ -391,6 +456,7 @@ impl Run {
                     started_at_ms: Some(self.now.saturating_sub(u64::from(*runtime_s) * 1000)),
                     runtime_ms: Some(u64::from(*runtime_s) * 1000),
                     checkpoint: None,
+                    mark: None,
                 }));
             }
             Action::Advance { ms } => {
@@ -575,6 +641,7 @@ fn durable_eq(a: &State, b: &State) -> Result<(), String> {
         };
         let mut t = t.clone();
         t.last_seen_ms = s.last_seen_ms;
+        t.inventory_asked_ms = s.inventory_asked_ms;
         if &t != s {
             return Err(format!("site {id}"));
         }

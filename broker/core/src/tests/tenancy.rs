@@ -506,6 +506,7 @@ fn jobs_of_a_removed_queue_wait_for_a_queue_and_ordering_survives_it() {
         started_at_ms: None,
         runtime_ms: Some(1_000),
         checkpoint: None,
+        mark: None,
     }));
     env.advance(1_000);
     assert_eq!(count(&env, "team-c", JobPhase::Running), 0);
