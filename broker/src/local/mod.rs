@@ -45,6 +45,9 @@ pub struct BrokerSection {
     pub site_lost_after_ms: Option<u64>,
     #[serde(default)]
     pub offer_timeout_ms: Option<u64>,
+    /// How long finished jobs stay live before they move to the archive, ms.
+    #[serde(default)]
+    pub retention_ms: Option<u64>,
 }
 
 impl FederationFile {
@@ -209,6 +212,9 @@ impl LocalFederation {
         }
         if let Some(ms) = fed.broker.offer_timeout_ms {
             args.extend(["--offer-timeout-ms".into(), ms.to_string().into()]);
+        }
+        if let Some(ms) = fed.broker.retention_ms {
+            args.extend(["--retention-ms".into(), ms.to_string().into()]);
         }
         args.extend(opts.broker_args.iter().map(Into::into));
         let standby = opts.standby || opts.topology == Topology::Cluster;

@@ -1,0 +1,128 @@
+//! Bounded history: finished jobs move to the archive, and every job stays listable (page by page, over NATS
+//! and HTTP), readable, explainable and reported.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
+
+use meridian_broker::local::LocalOptions;
+use meridian_e2e::*;
+use serde_json::Value;
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+const LONG: Duration = Duration::from_secs(60);
+
+/// 5,000 jobs on a small site (no-op executor): most wait, 2,000 are cancelled and archived after a one-second
+/// retention. Every one of them is listed, page by page, through HTTP, through the NATS API and by `meridian
+/// jobs`; an archived job still answers `GET`, explain and the report; its idempotency key still returns it.
+#[test]
+fn five_thousand_jobs_list_in_pages_and_archived_ones_stay_readable() {
+    let f = Fed::generated_with(
+        &[SiteSpec::new("small", "owned", "A100", 16, 1.0)],
+        "retention_ms = 1000",
+        LocalOptions {
+            agent_args: vec!["--executor".into(), "noop".into()],
+            ..LocalOptions::default()
+        },
+    );
+    let n = 5_000;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let client = rt
+        .block_on(meridian_broker::client::Client::connect(&f.fed.nats_url()))
+        .unwrap();
+    let ids: Vec<String> = rt.block_on(async {
+        let mut ids = Vec::new();
+        let specs: Vec<Value> = (0..n)
+            .map(|i| job(&format!("deep-{i}"), 1, "sleep 600"))
+            .collect();
+        for chunk in specs.chunks(100) {
+            let futures = chunk
+                .iter()
+                .map(|s| client.submit_raw(s.to_string().into_bytes()));
+            for r in futures::future::join_all(futures).await {
+                ids.push(r.unwrap().job.to_string());
+            }
+        }
+        ids
+    });
+    // Cancel 2,000 waiting jobs: they finish at once and go to the archive after the retention.
+    let cancelled: Vec<String> = ids[n - 2_000..].to_vec();
+    rt.block_on(async {
+        let refs: Vec<meridian_federation::JobId> = cancelled
+            .iter()
+            .map(|id| meridian_federation::JobId::new(id.as_str()).unwrap())
+            .collect();
+        for chunk in refs.chunks(100) {
+            let futures = chunk.iter().map(|id| client.cancel(id));
+            for r in futures::future::join_all(futures).await {
+                r.unwrap();
+            }
+        }
+    });
+    let probe = cancelled[0].clone();
+    f.wait_until("cancelled jobs to be archived", LONG, || {
+        f.job(&probe)["archived"] == true
+    });
+    f.wait_until("every cancelled job to be archived", LONG, || {
+        let (_, v) = f.get("/v1/jobs?scope=live&limit=1000&state=cancelled");
+        v["ok"]["jobs"].as_array().is_some_and(|j| j.is_empty())
+    });
+    // HTTP, page by page.
+    let mut pages = 0;
+    let mut cursor: Option<String> = None;
+    let mut over_http = Vec::new();
+    loop {
+        let path = match &cursor {
+            Some(c) => format!("/v1/jobs?limit=700&cursor={c}"),
+            None => "/v1/jobs?limit=700".into(),
+        };
+        let (status, v) = f.get(&path);
+        assert_eq!(status, 200, "{v}");
+        pages += 1;
+        over_http.extend(v["ok"]["jobs"].as_array().unwrap().iter().cloned());
+        match v["ok"]["next"].as_str() {
+            Some(c) => cursor = Some(c.to_owned()),
+            None => break,
+        }
+    }
+    let unique: BTreeSet<String> = over_http
+        .iter()
+        .map(|j| j["job"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(unique.len(), n, "{pages} pages");
+    assert!(pages >= n / 700);
+    let archived = over_http.iter().filter(|j| j["archived"] == true).count();
+    assert_eq!(archived, 2_000);
+    // The NATS API, and the command line, list every job too.
+    let over_nats = rt.block_on(client.jobs()).unwrap();
+    assert_eq!(over_nats.len(), n);
+    let out = f.cli(&["--output", "json", "jobs"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(listed.len(), n);
+    let limited = f.cli(&["--output", "json", "jobs", "--limit", "10"]);
+    let limited: Vec<Value> = serde_json::from_slice(&limited.stdout).unwrap();
+    assert_eq!(limited.len(), 10);
+    // An archived job: read, explained, resubmitted under its key.
+    let j = f.job(&probe);
+    assert_eq!(j["phase"], "cancelled");
+    let e = f.explain(&probe);
+    assert_eq!(e["job"], probe.as_str());
+    let i: usize = n - 2_000;
+    let (status, again) = f.post(
+        "/v1/jobs",
+        job(&format!("deep-{i}"), 1, "sleep 600")
+            .to_string()
+            .as_bytes(),
+    );
+    assert_eq!(
+        (status, again["ok"]["job"].as_str()),
+        (200, Some(probe.as_str()))
+    );
+    // Filters reach the archive.
+    let (_, v) = f.get("/v1/jobs?scope=archived&state=cancelled&limit=5");
+    assert_eq!(v["ok"]["jobs"].as_array().unwrap().len(), 5);
+    println!("{n} jobs listed in {pages} HTTP pages of 700; 2,000 of them from the archive");
+}

@@ -1,0 +1,163 @@
+//! Strict where people type, tolerant between components: each kind of bad input gets a clear error in the
+//! API's JSON shape, naming the field, and changes nothing; a third-party client (nats-py) drives the
+//! documented NATS API.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
+
+use meridian_e2e::*;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+const LONG: Duration = Duration::from_secs(40);
+
+fn refused(f: &Fed, body: &Value) -> (u16, Value) {
+    let (status, v) = f.post("/v1/jobs", body.to_string().as_bytes());
+    assert!(status >= 400, "accepted: {v}");
+    (status, v["error"].clone())
+}
+
+#[test]
+fn each_bad_input_gets_its_error_and_changes_nothing() {
+    let f = Fed::generated(&[SiteSpec::new("only", "owned", "A100", 4, 1.0)], "");
+    let base = job("ok", 1, "true");
+    // Unknown fields, named by their path: a typo never changes where work runs.
+    for (edit, path) in [
+        (
+            json!({"constraints": {"residancy": "eu"}}),
+            "constraints.residancy",
+        ),
+        (json!({"replica": 2}), "replica"),
+        (
+            json!({"resources": {"kind": "gpu", "count": 1, "model": "A100"}}),
+            "resources.model",
+        ),
+        (json!({"constraints": {"site": "only"}}), "constraints.site"),
+    ] {
+        let mut spec = base.clone();
+        for (k, v) in edit.as_object().unwrap() {
+            spec[k] = v.clone();
+        }
+        let (status, e) = refused(&f, &spec);
+        assert_eq!(status, 400);
+        assert_eq!(e["field"], path, "{e}");
+        assert!(
+            e["message"].as_str().unwrap().contains("unknown field"),
+            "{e}"
+        );
+    }
+    // A missing field is named; NUL bytes, a deadline already past are refused with the field.
+    let mut spec = base.clone();
+    spec.as_object_mut().unwrap().remove("tenant");
+    assert_eq!(refused(&f, &spec).1["field"], "tenant");
+    let mut spec = base.clone();
+    spec["run"]["command"] = json!("echo a\u{0}b");
+    assert_eq!(refused(&f, &spec).1["field"], "run.command");
+    let mut spec = base.clone();
+    spec["run"]["env"] = json!({"KEY": "x\u{0}y"});
+    assert_eq!(refused(&f, &spec).1["field"], "run.env.KEY");
+    let mut spec = base.clone();
+    spec["window"] = json!({"deadline_ms": 86_400_000});
+    let (status, e) = refused(&f, &spec);
+    assert_eq!(
+        (status, e["field"].as_str()),
+        (400, Some("window.deadline_ms"))
+    );
+    // Nothing of that was recorded.
+    assert!(f.jobs().is_empty());
+
+    // Work no site can run now is accepted, flagged and explained (a site may join later).
+    let mut huge = job("huge", 4096, "true");
+    huge["replicas"] = json!(1024);
+    let id = f.submit(&huge);
+    let j = f.job(&id);
+    assert_eq!(
+        (j["phase"].as_str(), j["unsatisfiable"].as_bool()),
+        (Some("pending"), Some(true))
+    );
+    assert!(j["why"].as_str().unwrap().contains("no site fits"), "{j}");
+
+    // Router-level errors answer in the same JSON shape.
+    for (method, path, body, status) in [
+        ("GET", "/v1/nothing-here", None, 404),
+        ("DELETE", "/v1/sites", None, 405),
+        ("GET", "/v1/jobs?limit=abc", None, 400),
+        ("GET", "/v1/jobs?bogus=1", None, 400),
+        ("GET", "/v1/jobs/bad.id", None, 400),
+        (
+            "POST",
+            "/v1/jobs",
+            Some(vec![b' '; meridian_federation::MAX_MESSAGE_BYTES + 10]),
+            413,
+        ),
+    ] {
+        let (got, v) = match (method, body) {
+            ("GET", _) => f.get(path),
+            ("DELETE", _) => f.delete(path),
+            (_, Some(b)) => f.post(path, &b),
+            _ => unreachable!(),
+        };
+        assert_eq!(got, status, "{method} {path}: {v}");
+        assert!(v["error"]["code"].is_string(), "{method} {path}: {v}");
+        assert!(v["error"]["message"].is_string(), "{method} {path}: {v}");
+    }
+    let (_, v) = f.get("/v1/jobs?bogus=1");
+    assert_eq!(v["error"]["field"], "bogus", "{v}");
+
+    // A status with a run time past any bound is refused: the job's metering is untouched.
+    let ok = f.submit(&job("metered", 1, "sleep 2"));
+    f.wait_phase(&ok, "running", LONG);
+    let attempt = f.job(&ok)["attempt"].as_u64().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let answer = rt.block_on(async {
+        let nc = async_nats::connect(f.fed.nats_url()).await.unwrap();
+        let status = json!({"v": 1, "job": ok, "attempt": attempt, "site": "only", "state": "succeeded",
+            "exit_code": 0, "at_ms": 1, "runtime_ms": u64::MAX});
+        nc.request(
+            "meridian.v1.site.only.status",
+            status.to_string().into_bytes().into(),
+        )
+        .await
+        .unwrap()
+    });
+    let answer: Value = serde_json::from_slice(&answer.payload).unwrap();
+    assert_eq!(answer["error"]["field"], "runtime_ms", "{answer}");
+    let done = f.wait_phase(&ok, "succeeded", LONG);
+    assert!(done["runtime_ms"].as_u64().unwrap() < 60_000, "{done}");
+    assert!(
+        done["metered"]["cost_micro_usd"].as_u64().unwrap() < 1_000_000,
+        "{done}"
+    );
+}
+
+/// nats-py, a client that is not the project's code, drives the documented NATS API: a misspelt field is
+/// refused with its path, jobs are submitted and listed page by page.
+#[test]
+fn a_third_party_client_uses_the_nats_api() {
+    let f = Fed::generated(&[SiteSpec::new("only", "owned", "A100", 4, 1.0)], "");
+    let python = local::workspace_root().join(".venv/bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: run scripts/setup.sh (it installs nats-py)",
+        python.display()
+    );
+    let out = std::process::Command::new(&python)
+        .arg(local::workspace_root().join("e2e/py/api_client.py"))
+        .arg(f.fed.nats_url())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        seen["typo_error"]["field"], "constraints.residancy",
+        "{seen}"
+    );
+    assert_eq!(seen["submitted"], 30);
+    assert_eq!(seen["listed"], 30);
+    assert!(seen["pages"].as_u64().unwrap() >= 5, "{seen}");
+    assert_eq!(seen["all_submitted_listed"], true);
+    assert_eq!(seen["bad_list_error"]["field"], "limt", "{seen}");
+}
