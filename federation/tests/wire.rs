@@ -429,3 +429,35 @@ fn errors_escape_what_came_from_the_message() {
     let e = decode_strict::<JobSpec>(&bytes(&v)).unwrap_err();
     assert!(!e.to_string().contains('\n'), "{e}");
 }
+
+/// Messages as the previous release wrote them (the agent, broker and job-spec shapes of wire version 1
+/// before inventories and marks): a component of this release reads every one.
+#[test]
+fn messages_of_the_previous_release_still_decode() {
+    fn read<T: serde::de::DeserializeOwned + validate::Validate>(name: &str) -> T {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/previous-release")
+            .join(format!("{name}.json"));
+        let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        decode(&bytes).unwrap_or_else(|e| panic!("{name}: {e}"))
+    }
+    let advert: SiteAdvert = read("advert");
+    assert!(!advert.pools.is_empty());
+    let spec: JobSpec = read("job_spec");
+    assert_eq!(spec.v, 1);
+    let _: JobStatus = read("status");
+    let failed: JobStatus = read("status_failed");
+    assert!(matches!(failed.state, AttemptState::Failed { .. }));
+    let hb: Heartbeat = read("heartbeat");
+    assert!(hb.inventory.is_none());
+    let offer: Offer = read("offer");
+    assert_eq!(offer.spec, spec);
+    let reply: OfferReply = read("offer_reply");
+    assert_eq!((reply.outcome, reply.mark), (OfferOutcome::Accepted, None));
+    let _: OfferReply = read("offer_reply_rejected");
+    let _: CancelAttempt = read("cancel");
+    let _: StatusAck = read("status_ack");
+    let _: LogsRequest = read("logs_request");
+    let _: LogsReply = read("logs_reply");
+    let _: BrokerHello = read("broker_hello");
+}

@@ -59,7 +59,11 @@ impl State {
                     .map(|((t, d), a)| (t.clone(), *d, *a))
                     .collect(),
             ),
-            archived_keys: self.archived_keys.values().cloned().collect(),
+            archived_keys: {
+                let mut keys: Vec<ArchivedKey> = self.archived_keys.values().cloned().collect();
+                keys.sort_by(|a, b| (&a.tenant, &a.key).cmp(&(&b.tenant, &b.key)));
+                keys
+            },
             recent_runs: self.recent_runs.clone(),
         }
     }
