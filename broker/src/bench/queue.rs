@@ -71,7 +71,10 @@ pub struct QueueFigures {
     pub rss_bytes_per_waiting_job: f64,
     /// Jobs that had finished when the memory and the recovery time below were read.
     pub finished: usize,
+    /// Once they are all archived (the allocator may keep memory it no longer uses).
     pub rss_mib_after_finished: f64,
+    /// The same after a restart: what the live state and its aggregates take.
+    pub rss_mib_after_finished_and_restart: f64,
     /// Recovery after kill -9 with every job finished, as the broker logs it.
     pub recovery_ms_after_finished: Option<u64>,
     /// Recovery after kill -9 at the deepest queue.
@@ -231,6 +234,8 @@ pub async fn queue(opts: QueueOptions) -> anyhow::Result<QueueFigures> {
     let fed_opts = LocalOptions {
         heartbeat_ms: 1_000,
         agent_args: vec!["--executor".into(), "noop".into()],
+        // Finished jobs move to the archive two seconds after they end.
+        broker_args: vec!["--retention-ms".into(), "2000".into()],
         dir: Some(dir.join("run")),
         ..LocalOptions::default()
     };
@@ -319,16 +324,25 @@ pub async fn queue(opts: QueueOptions) -> anyhow::Result<QueueFigures> {
         Ok(super::dispatch::last_recovery(&fed.broker_logs()).map(|r| r.0))
     })?;
 
-    // Every waiting job finishes (cancelled while it waits).
+    // Every waiting job finishes (cancelled while it waits), and moves to the archive.
     let finished = waiting.len() + done;
     requests(&nats, api::CANCEL, job_refs(&waiting)?, opts.in_flight).await?;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    if let Some(last) = waiting.last() {
+        let deadline = Instant::now() + Duration::from_secs(1800);
+        while !client.job(last).await.is_ok_and(|v| v.archived) {
+            anyhow::ensure!(Instant::now() < deadline, "finished jobs were not archived");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
     let rss_finished = rss(pid(&fed));
     let recovery_ms_after_finished =
         tokio::task::block_in_place(|| -> anyhow::Result<Option<u64>> {
             fed.restart_broker()?;
             Ok(super::dispatch::last_recovery(&fed.broker_logs()).map(|r| r.0))
         })?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let rss_restarted = rss(pid(&fed));
     let rate = |i: usize| {
         depths
             .get(i)
@@ -343,6 +357,7 @@ pub async fn queue(opts: QueueOptions) -> anyhow::Result<QueueFigures> {
             / deepest.max(1) as f64,
         finished,
         rss_mib_after_finished: rss_finished as f64 / (1024.0 * 1024.0),
+        rss_mib_after_finished_and_restart: rss_restarted as f64 / (1024.0 * 1024.0),
         recovery_ms_after_finished,
         recovery_ms_at_deepest,
     };

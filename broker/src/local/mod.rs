@@ -328,7 +328,8 @@ impl LocalFederation {
     /// Waits until a broker is active; returns the URL of its own API (the federation's stable one is
     /// [`Self::http`]).
     pub fn wait_for_broker(&mut self) -> anyhow::Result<String> {
-        let deadline = Instant::now() + Duration::from_secs(30);
+        // (A broker recovering a million jobs takes a while.)
+        let deadline = Instant::now() + Duration::from_secs(120);
         loop {
             if let Some(slot) = self.active_broker() {
                 let addr = std::fs::read_to_string(&self.brokers[slot].addr)?;
