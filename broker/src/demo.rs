@@ -133,10 +133,18 @@ struct Summary {
     batch_total: usize,
 }
 
+#[derive(Debug, clap::Args)]
 pub struct DemoOptions {
+    #[arg(long, default_value = "configs/federation-demo.toml")]
     pub federation: PathBuf,
+    /// Workload used when the shared trace data is absent (and for the inference services).
+    #[arg(long, default_value = "configs/demo-workload.toml")]
     pub workload: PathBuf,
+    /// Batch jobs taken from the trace.
+    #[arg(long, default_value_t = 12)]
     pub jobs: usize,
+    /// Print JSON (set from `--output json`).
+    #[arg(skip)]
     pub json: bool,
 }
 

@@ -2,6 +2,7 @@
 //! (NATS, HTTP API, local federation) behind the `meridian` command.
 
 pub mod bench;
+pub mod cli;
 pub mod client;
 pub mod data;
 pub mod demo;

@@ -27,12 +27,17 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, clap::Args)]
 pub struct DispatchOptions {
+    #[arg(long, default_value_t = 10_000)]
     pub jobs: usize,
+    #[arg(long, default_value_t = 50)]
     pub sites: usize,
+    /// Submissions outstanding at once.
+    #[arg(long, default_value_t = 256)]
     pub in_flight: usize,
     /// Jobs of the second run, which spawn `true` (0 skips it).
+    #[arg(long, default_value_t = 1_000)]
     pub spawn_jobs: usize,
 }
 

@@ -25,16 +25,22 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, clap::Args)]
 pub struct QueueOptions {
-    /// Queue depths at which submissions are timed, ascending.
+    /// Queue depths at which submissions are timed, ascending (comma-separated).
+    #[arg(long, value_delimiter = ',', default_values_t = [0usize, 100_000, 1_000_000])]
     pub depths: Vec<usize>,
     /// Submissions timed at each depth (and completions at the deepest).
+    #[arg(long, default_value_t = 10_000)]
     pub step: usize,
     /// Devices of the one site (all busy with jobs that never end).
+    #[arg(long, default_value_t = 64)]
     pub devices: usize,
+    /// Submissions outstanding at once.
+    #[arg(long, default_value_t = 256)]
     pub in_flight: usize,
     /// Keep the run's folder (logs) here.
+    #[arg(long)]
     pub dir: Option<std::path::PathBuf>,
 }
 

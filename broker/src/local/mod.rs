@@ -71,19 +71,27 @@ pub enum Topology {
     Cluster,
 }
 
-/// Options of a local federation beyond the file.
-#[derive(Clone, Debug)]
+/// Options of a local federation beyond the file (the command line sets the topology and the standby).
+#[derive(Clone, Debug, clap::Args)]
 pub struct LocalOptions {
     /// Heartbeat period of the agents, ms.
+    #[arg(skip = 500u64)]
     pub heartbeat_ms: u64,
     /// Extra arguments for the broker.
+    #[arg(skip)]
     pub broker_args: Vec<String>,
     /// Extra arguments for every agent.
+    #[arg(skip)]
     pub agent_args: Vec<String>,
     /// Where logs and state go (a temporary folder when `None`).
+    #[arg(skip)]
     pub dir: Option<PathBuf>,
+    /// `cluster`: three clustered nats-servers (JetStream replicas 3), edge sites on leaf nodes, and a standby
+    /// broker.
+    #[arg(long, value_enum, default_value_t = Topology::Single)]
     pub topology: Topology,
-    /// Also start a standby broker (always with the cluster topology).
+    /// Also start a standby broker (implied by `--topology cluster`).
+    #[arg(long)]
     pub standby: bool,
 }
 

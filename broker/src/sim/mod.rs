@@ -22,24 +22,56 @@ use std::path::PathBuf;
 use trace::{city, SplitMix64, TraceTask, CITIES};
 
 /// Settings of one `meridian sim` invocation.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, clap::Args)]
 pub struct SimOptions {
+    /// Alibaba GPU trace v2023 pod list (CSV).
+    #[arg(long)]
     pub trace: PathBuf,
+    /// Azure LLM inference trace (CSV): requests for one inference service.
+    #[arg(long)]
     pub inference: Option<PathBuf>,
+    #[arg(long, default_value = "configs/sim/federation.toml")]
     pub federation: PathBuf,
+    /// Run only this policy or baseline.
+    #[arg(long)]
     pub policy: Option<String>,
+    /// Also run the baselines fifo-first-fit, nearest, cheapest, greenest.
+    #[arg(long)]
     pub baselines: bool,
+    #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Trace time 0 maps to this instant (UTC, `YYYY-MM-DDTHH:MMZ`).
+    #[arg(long = "start", default_value = "2022-01-01T00:00Z", value_parser = parse_instant)]
     pub start_ms: u64,
+    /// max_wait_s given to every trace job.
+    #[arg(long, default_value_t = 600)]
     pub max_wait_s: u64,
+    /// Use only the first N trace tasks.
+    #[arg(long)]
     pub limit: Option<usize>,
-    /// Round-trip SLO of the inference service, ms.
+    /// Inference round-trip SLO, ms.
+    #[arg(long, default_value_t = 50.0)]
     pub slo_ms: f64,
     /// Requests per second one inference replica (one GPU) serves.
+    #[arg(long, default_value_t = 2.0)]
     pub replica_rps: f64,
-    /// Queues, quotas and priority classes (see configs/sim/tenancy.toml); the trace's jobs belong to tenants
-    /// named after their QoS class (`qos-ls`, `qos-be`, …).
+    /// Queues, quotas and priority classes for the trace's tenants (`qos-ls`, `qos-be`, …), see
+    /// configs/sim/tenancy.toml; adds per-tenant wait and share to the report.
+    #[arg(long)]
     pub tenancy: Option<PathBuf>,
+    /// Write an SVG chart of cost against kgCO2e per run.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// Write each run's schedule (job name → site) as JSON.
+    #[arg(long)]
+    pub schedule: Option<PathBuf>,
+}
+
+/// `YYYY-MM-DDTHH:MMZ` (UTC) → milliseconds since the Unix epoch.
+pub fn parse_instant(s: &str) -> Result<u64, String> {
+    let bad = || format!("{s:?}: expected YYYY-MM-DDTHH:MMZ");
+    let (date, time) = s.trim_end_matches('Z').split_once('T').ok_or_else(bad)?;
+    trace::parse_timestamp_ms(&format!("{date} {time}:00")).ok_or_else(bad)
 }
 
 /// One run's figures, as `--output json` prints them.
@@ -608,4 +640,33 @@ pub fn plot_svg(r: &SimReport) -> String {
     }
     s.push_str("</svg>\n");
     s
+}
+
+/// Writes what the command line asked for beside the report: the SVG plot and the schedules.
+pub fn write_outputs(opts: &SimOptions, sim: &Simulated) -> anyhow::Result<()> {
+    let (report, schedules, jobs) = sim;
+    if let Some(path) = &opts.plot {
+        std::fs::write(path, plot_svg(report))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &opts.schedule {
+        let map: BTreeMap<String, BTreeMap<String, String>> = schedules
+            .iter()
+            .map(|(name, entries)| {
+                let sites = entries
+                    .iter()
+                    .map(|e| {
+                        (
+                            jobs[e.job].spec.name.clone().unwrap_or_default(),
+                            e.site.to_string(),
+                        )
+                    })
+                    .collect();
+                (name.clone(), sites)
+            })
+            .collect();
+        std::fs::write(path, serde_json::to_string_pretty(&map)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
 }

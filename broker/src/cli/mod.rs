@@ -1,0 +1,185 @@
+//! The `meridian` command line: its arguments (each option struct derives clap's `Args` once, where it lives),
+//! the commands that run things (broker, local federation, demo, simulator, benchmarks) and, in
+//! [`client`], those that talk to a federation. Tables are drawn in [`render`].
+
+pub mod client;
+pub mod render;
+
+use crate::local::{LocalFederation, LocalOptions};
+use crate::{bench, demo, service, sim};
+use clap::{Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+
+/// `println!` for the command's output: a reader that has gone away (`meridian jobs | head`) ends the command
+/// quietly instead of panicking.
+macro_rules! outln {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(e) = writeln!(std::io::stdout(), $($t)*) {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                std::process::exit(0);
+            }
+        }
+    }};
+}
+
+/// `print!` for the command's output (see [`outln!`]).
+macro_rules! out {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(e) = write!(std::io::stdout(), $($t)*) {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                std::process::exit(0);
+            }
+        }
+    }};
+}
+
+pub(crate) use {out, outln};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "meridian",
+    version,
+    about = "Meridian: a federation broker for heterogeneous AI compute"
+)]
+pub struct Cli {
+    /// How client commands reach the federation.
+    #[command(flatten)]
+    pub connect: client::ConnectArgs,
+    /// Output format of client commands.
+    #[arg(long, global = true, value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+    #[command(subcommand)]
+    pub command: Cmd,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
+    /// Comma-separated values (`report` only).
+    Csv,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Cmd {
+    /// Run the broker.
+    Broker(service::BrokerConfig),
+    /// Bring up a local federation (nats-server, broker, one agent per site) until Ctrl-C or SIGTERM.
+    Up {
+        #[arg(default_value = "configs/federation-demo.toml")]
+        federation: PathBuf,
+        #[command(flatten)]
+        opts: LocalOptions,
+    },
+    /// The main job: bring up the demo federation, run a trace workload, print where each job ran and why.
+    Demo(demo::DemoOptions),
+    /// Simulate a trace over a federation under each policy (and baselines), judged by an independent checker.
+    Sim(sim::SimOptions),
+    /// Benchmarks; `meridian bench placement --sites N`.
+    Bench {
+        #[command(subcommand)]
+        what: BenchCmd,
+    },
+    #[command(flatten)]
+    Client(client::ClientCmd),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum BenchCmd {
+    /// Jobs per second from submission to acceptance through nats-server, the durable broker and 50 agents
+    /// on the no-op executor, against plain NATS request-reply in the same run; then jobs that spawn `true`.
+    Dispatch(bench::dispatch::DispatchOptions),
+    /// Submissions per second and broker CPU per submission as the queue deepens (a full site, jobs that
+    /// wait), completions per second at the deepest queue, memory per waiting job, and memory and recovery
+    /// time once every job has finished.
+    Queue(bench::queue::QueueOptions),
+    /// Decision latency with the site index, and by a plain scan of every site, over a synthetic federation.
+    Placement {
+        #[arg(long, default_value_t = 1000)]
+        sites: usize,
+        #[arg(long, default_value_t = 2000)]
+        decisions: usize,
+    },
+}
+
+/// Runs a command; `Ok(false)` for a command that ran but failed at what it was asked (exit code 1).
+pub async fn run(cli: Cli) -> anyhow::Result<bool> {
+    let out = cli.output;
+    match cli.command {
+        Cmd::Broker(cfg) => service::run(cfg).await.map(|_| true),
+        Cmd::Up { federation, opts } => up(&federation, opts).await,
+        Cmd::Demo(mut opts) => {
+            opts.json = out == Output::Json;
+            demo::run(opts).await
+        }
+        Cmd::Sim(opts) => {
+            let simulated = tokio::task::block_in_place(|| sim::simulate(&opts))?;
+            sim::write_outputs(&opts, &simulated)?;
+            render::print(out, &simulated.0, |r| out!("{}", sim::table(r)))
+        }
+        Cmd::Bench { what } => run_bench(what, out).await,
+        Cmd::Client(cmd) => client::run(cmd, &cli.connect, out).await,
+    }
+}
+
+async fn up(federation: &std::path::Path, opts: LocalOptions) -> anyhow::Result<bool> {
+    let fed = tokio::task::block_in_place(|| LocalFederation::start(federation, opts))?;
+    let url = fed.nats_url();
+    outln!("federation up: HTTP API {}", fed.http);
+    for (i, n) in fed.nats.nodes.iter().enumerate() {
+        outln!("NATS node {}: {}", i + 1, n.url);
+    }
+    for (site, leaf) in &fed.nats.leaves {
+        outln!("NATS leaf node for {site}: {}", leaf.url);
+    }
+    let names: Vec<&str> = fed.brokers.iter().map(|b| b.name.as_str()).collect();
+    outln!(
+        "brokers: {} (the first is active{})",
+        names.join(", "),
+        if names.len() > 1 {
+            ", the others stand by"
+        } else {
+            ""
+        }
+    );
+    outln!("sites: {}", fed.site_ids().join(", "));
+    outln!(
+        "logs and state in {}; Ctrl-C stops everything",
+        fed.dir.display()
+    );
+    outln!("try: meridian --nats {url} sites");
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r?,
+        _ = sigterm.recv() => {}
+    }
+    tokio::task::block_in_place(|| drop(fed));
+    Ok(true)
+}
+
+async fn run_bench(what: BenchCmd, out: Output) -> anyhow::Result<bool> {
+    match what {
+        BenchCmd::Dispatch(opts) => {
+            let f = bench::dispatch::dispatch(opts).await?;
+            // One JSON line either way: the figures are meant to be compared and collected.
+            outln!("{}", serde_json::to_string(&f)?);
+            if out == Output::Table {
+                eprintln!("{}", render::dispatch_summary(&f));
+            }
+            Ok(true)
+        }
+        BenchCmd::Queue(opts) => {
+            let f = bench::queue::queue(opts).await?;
+            outln!("{}", serde_json::to_string(&f)?);
+            Ok(true)
+        }
+        BenchCmd::Placement { sites, decisions } => {
+            let figures = tokio::task::block_in_place(|| bench::placement(sites, decisions));
+            render::print(out, &figures, |f| {
+                outln!("{}", render::placement_summary(f))
+            })
+        }
+    }
+}

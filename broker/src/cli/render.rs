@@ -1,0 +1,230 @@
+//! Tables for the command line's output.
+
+use super::{outln, Output};
+use meridian_federation::{ExplainView, JobView, SiteView};
+use serde::Serialize;
+
+/// Prints `value` as JSON, or as a table drawn by `table`.
+pub fn print<T: Serialize>(
+    output: Output,
+    value: &T,
+    table: impl FnOnce(&T),
+) -> anyhow::Result<bool> {
+    match output {
+        Output::Json => outln!("{}", serde_json::to_string_pretty(value)?),
+        Output::Table => table(value),
+        Output::Csv => {
+            anyhow::bail!("--output csv is for `meridian report`; use table or json here")
+        }
+    }
+    Ok(true)
+}
+
+pub fn jobs(jobs: &[JobView]) {
+    outln!(
+        "{:<9} {:<20} {:<10} {:<10} {:<16} {:>3}  WHY",
+        "JOB",
+        "NAME",
+        "KIND",
+        "STATE",
+        "SITE",
+        "ATT"
+    );
+    for j in jobs {
+        outln!(
+            "{:<9} {:<20} {:<10} {:<10} {:<16} {:>3}  {}",
+            j.job.as_str(),
+            j.name.clone().unwrap_or_default(),
+            j.kind.as_str(),
+            j.phase.as_str(),
+            j.site.as_ref().map(|s| s.as_str()).unwrap_or("-"),
+            j.attempt,
+            j.why
+        );
+    }
+}
+
+pub fn sites(sites: &[SiteView]) {
+    outln!(
+        "{:<18} {:<8} {:<5} {:<6} {:>5} {:>6}  POOLS (free/total)",
+        "SITE",
+        "TIER",
+        "UP",
+        "DRAIN",
+        "PUE",
+        "gCO2"
+    );
+    for s in sites {
+        let pools: Vec<String> = s
+            .pools
+            .iter()
+            .map(|p| {
+                format!(
+                    "{} {:.1}/{}",
+                    p.model,
+                    p.free_milli as f64 / 1000.0,
+                    p.count
+                )
+            })
+            .collect();
+        outln!(
+            "{:<18} {:<8} {:<5} {:<6} {:>5.2} {:>6}  {}",
+            s.site.as_str(),
+            s.tier.as_str(),
+            s.up,
+            s.draining,
+            s.pue,
+            s.carbon_g_per_kwh,
+            pools.join(", ")
+        );
+    }
+}
+
+pub fn explain(e: &ExplainView) {
+    outln!("{} is {}: {}", e.job, e.phase.as_str(), e.why);
+    outln!("policy {}", e.policy);
+    if e.candidates.is_empty() {
+        outln!("(no placement was tried: the reason above holds it first)");
+    } else {
+        outln!(
+            "{:<18} {:<8} {:<8} {:>9} {:>8} {:>8} {:>8} {:>8}  VERDICT",
+            "SITE",
+            "TIER",
+            "POOL",
+            "COST $",
+            "kWh",
+            "kgCO2",
+            "RTT ms",
+            "SCORE"
+        );
+    }
+    for c in &e.candidates {
+        let (cost, kwh, co2, rtt, score) = match &c.terms {
+            Some(t) => (
+                format!("{:.2}", t.cost_micro_usd as f64 / 1e6),
+                format!("{:.1}", t.energy_wh as f64 / 1000.0),
+                format!("{:.2}", t.co2_g as f64 / 1000.0),
+                format!("{:.1}", t.latency_ms),
+                if t.score >= 0.0 {
+                    format!("{:.3}", t.score)
+                } else {
+                    "-".into()
+                },
+            ),
+            None => ("-".into(), "-".into(), "-".into(), "-".into(), "-".into()),
+        };
+        let verdict = if c.chosen {
+            "CHOSEN".to_string()
+        } else {
+            c.rejected.clone().unwrap_or_default()
+        };
+        outln!(
+            "{:<18} {:<8} {:<8} {:>9} {:>8} {:>8} {:>8} {:>8}  {}",
+            c.site.as_str(),
+            c.tier.as_str(),
+            c.pool.clone().unwrap_or_else(|| "-".into()),
+            cost,
+            kwh,
+            co2,
+            rtt,
+            score,
+            verdict
+        );
+    }
+    for p in &e.pruned {
+        outln!(
+            "{:<18} pruned by the index: {}",
+            format!("({} sites)", p.sites),
+            p.reason
+        );
+    }
+    outln!("history:");
+    for h in &e.history {
+        outln!("  {h}");
+    }
+}
+
+pub fn report_sections(
+    r: &meridian_federation::ReportView,
+) -> [(&'static str, Vec<&meridian_federation::ReportRow>); 4] {
+    [
+        ("tenant", r.by_tenant.iter().collect()),
+        ("site", r.by_site.iter().collect()),
+        ("model", r.by_model.iter().collect()),
+        ("total", vec![&r.total]),
+    ]
+}
+
+pub fn report_table(r: &meridian_federation::ReportView) {
+    outln!(
+        "{:<7} {:<20} {:>6} {:>8} {:>12} {:>12} {:>10} {:>10} {:>11}",
+        "BY",
+        "KEY",
+        "JOBS",
+        "ATTEMPTS",
+        "DEVICE-H",
+        "USD",
+        "kWh",
+        "kgCO2e",
+        "WAIT s"
+    );
+    for (by, rows) in report_sections(r) {
+        for x in rows {
+            outln!(
+                "{:<7} {:<20} {:>6} {:>8} {:>12.3} {:>12.2} {:>10.3} {:>10.3} {:>11.1}",
+                by,
+                x.key,
+                x.jobs,
+                x.attempts,
+                x.device_milli_ms as f64 / 3.6e9,
+                x.cost_micro_usd as f64 / 1e6,
+                x.energy_wh as f64 / 1e3,
+                x.co2_g as f64 / 1e3,
+                x.wait_ms as f64 / 1e3
+            );
+        }
+    }
+    outln!("JOBS per site or model counts a job in every row it ran in; the other columns add up to the total.");
+}
+
+/// The report as CSV, in the ledger's integer units.
+pub fn report_csv(r: &meridian_federation::ReportView) {
+    outln!("by,key,jobs,attempts,device_milli_ms,cost_micro_usd,energy_wh,co2_g,wait_ms");
+    for (by, rows) in report_sections(r) {
+        for x in rows {
+            outln!(
+                "{by},{},{},{},{},{},{},{},{}",
+                x.key,
+                x.jobs,
+                x.attempts,
+                x.device_milli_ms,
+                x.cost_micro_usd,
+                x.energy_wh,
+                x.co2_g,
+                x.wait_ms
+            );
+        }
+    }
+}
+
+pub fn dispatch_summary(f: &crate::bench::dispatch::DispatchFigures) -> String {
+    let mut s = format!(
+        "{} jobs on {} sites, {} in flight: {:.0} dispatches/s vs {:.0} plain NATS requests/s (ratio {:.3}); p50 {:.1} ms, p99 {:.1} ms; {} journal appends; recovery after kill -9 {} ms",
+        f.jobs, f.sites, f.in_flight, f.dispatches_per_s, f.raw_nats_req_per_s, f.ratio, f.p50_ms, f.p99_ms, f.journal_appends,
+        f.recovery_ms.map_or_else(|| "?".to_owned(), |m| m.to_string())
+    );
+    if let Some(x) = &f.spawn {
+        s.push_str(&format!(
+            "\n{} jobs spawning `true`: {:.0} dispatches/s, p50 {:.1} ms, p99 {:.1} ms; {:.0} completed/s",
+            x.jobs, x.dispatches_per_s, x.p50_ms, x.p99_ms, x.completed_per_s
+        ));
+    }
+    s
+}
+
+pub fn placement_summary(f: &crate::bench::PlacementFigures) -> String {
+    format!(
+        "{} sites: {:.0} decisions/s, p50 {:.2} µs, p99 {:.2} µs with the index; full scan p50 {:.2} µs, p99 {:.2} µs; {:.0}% placed",
+        f.sites, f.decisions_per_s, f.p50_us, f.p99_us, f.full_scan_p50_us, f.full_scan_p99_us, f.placed_share * 100.0
+    )
+}
