@@ -1,33 +1,28 @@
 //! Execution backends and device probes used by the site agent.
 //!
-//! - [`local`]: runs a job's command as a local process group under a small supervising shim, so that a
-//!   cancel, or the death of the agent, stops every process of the job.
+//! - [`local`]: runs a job's command as a local process group under a small supervising shim, which stops
+//!   every process of the job on a cancel, and keeps it for a restarted agent to take back.
 //! - [`probe`]: device discovery (NVIDIA GPUs through NVML) turned into plain pool descriptions.
 
 pub mod local;
 pub mod probe;
 
-/// Errors of adapters, with whether trying again could help.
+/// Errors of adapters.
 #[derive(Debug, thiserror::Error)]
 pub enum AdapterError {
+    /// The process could not be started here (retryable: another site, or later, may start it).
     #[error("could not start job process: {0}")]
     Spawn(std::io::Error),
+    /// The job's log file could not be opened (retryable once the site's disk is fixed).
     #[error("could not open log file {path}: {source}")]
     Log {
         path: String,
         source: std::io::Error,
     },
+    /// No such devices or driver here (not retryable: declared pools are used instead).
     #[error("device probe {probe} unavailable: {reason}")]
     ProbeUnavailable { probe: &'static str, reason: String },
+    /// The probe was there but failed (retryable).
     #[error("device probe {probe} failed: {reason}")]
     ProbeFailed { probe: &'static str, reason: String },
-}
-
-impl AdapterError {
-    pub fn is_retryable(&self) -> bool {
-        matches!(
-            self,
-            AdapterError::Spawn(_) | AdapterError::ProbeFailed { .. }
-        )
-    }
 }

@@ -47,7 +47,11 @@ pub struct Budget {
 }
 
 impl Budget {
-    pub fn from_file(b: &BudgetFile) -> Result<Budget, String> {
+    pub fn from_file(b: &BudgetFile) -> Result<Budget, crate::error::CoreError> {
+        Self::read(b).map_err(crate::error::config)
+    }
+
+    fn read(b: &BudgetFile) -> Result<Budget, String> {
         let at = |e: String| format!("budget of {:?}: {e}", b.tenant);
         let tenant = TenantId::new(&b.tenant).map_err(|e| at(format!("tenant: {e}")))?;
         let amount = |x: Option<f64>, scale: f64, what: &str| -> Result<Option<u64>, String> {

@@ -50,12 +50,6 @@ pub enum FormatError {
     Unreadable(String),
 }
 
-impl FormatError {
-    pub fn is_retryable(&self) -> bool {
-        false
-    }
-}
-
 /// Reads the format first, so that a newer batch is reported as newer rather than as unreadable.
 fn check_format(bytes: &[u8]) -> Result<u32, FormatError> {
     #[derive(Deserialize)]

@@ -19,12 +19,6 @@ pub enum JournalError {
     Unavailable(String),
 }
 
-impl JournalError {
-    pub fn is_retryable(&self) -> bool {
-        true
-    }
-}
-
 /// Where records go. An implementation must have stored the record when `append` returns `Ok`.
 pub trait Journal {
     fn append(&mut self, record: &Record) -> Result<(), JournalError>;

@@ -49,7 +49,11 @@ impl RttTable {
     }
 
     /// Parses the long-format CSV `from_region,to_region,from_id,to_id,rtt_ms`, keyed by the ids.
-    pub fn from_azure_csv(text: &str) -> Result<Self, String> {
+    pub fn from_azure_csv(text: &str) -> Result<Self, crate::error::CoreError> {
+        Self::parse_azure_csv(text).map_err(crate::error::config)
+    }
+
+    fn parse_azure_csv(text: &str) -> Result<Self, String> {
         let mut reader = csv::Reader::from_reader(text.as_bytes());
         let mut table = RttTable::default();
         for (i, row) in reader.records().enumerate() {
@@ -144,6 +148,6 @@ mod tests {
     #[test]
     fn bad_csv_rows_are_named() {
         let err = RttTable::from_azure_csv("a,b,c,d,e\nx,y,x,y,fast\n").expect_err("bad number");
-        assert!(err.contains("row 2"), "{err}");
+        assert!(err.to_string().contains("row 2"), "{err}");
     }
 }

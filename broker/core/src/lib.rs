@@ -4,6 +4,7 @@
 
 pub mod budget;
 pub mod durable;
+pub mod error;
 pub mod index;
 pub mod inference;
 pub mod journal;

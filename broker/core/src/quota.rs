@@ -10,6 +10,7 @@
 //!
 //! A class that no queue of the cohort names is not limited.
 
+use super::error::{config, CoreError};
 use super::Millis;
 use meridian_federation::{AcceleratorKind, JobId, SiteId, TenantId};
 use std::collections::{BTreeMap, BTreeSet};
@@ -107,7 +108,11 @@ fn milli(class: &str, devices: f64, what: &str) -> Result<u64, String> {
 
 impl Tenancy {
     /// Reads a tenancy file; errors name the queue and field.
-    pub fn from_toml(text: &str) -> Result<Tenancy, String> {
+    pub fn from_toml(text: &str) -> Result<Tenancy, CoreError> {
+        Self::parse(text).map_err(config)
+    }
+
+    fn parse(text: &str) -> Result<Tenancy, String> {
         let file: TenancyFile = toml::from_str(text).map_err(|e| e.to_string())?;
         let mut t = Tenancy::default();
         for p in &file.priority_classes {
@@ -158,7 +163,7 @@ impl Tenancy {
             }
         }
         for b in &file.budgets {
-            let budget = super::budget::Budget::from_file(b)?;
+            let budget = super::budget::Budget::from_file(b).map_err(|e| e.to_string())?;
             if t.budgets.insert(budget.tenant.clone(), budget).is_some() {
                 return Err(format!("tenant {:?} has two budgets", b.tenant));
             }
@@ -167,30 +172,34 @@ impl Tenancy {
     }
 
     /// The queue a job of `tenant` naming `queue` (or none: the queue named after the tenant) goes to.
-    pub fn queue_of(&self, tenant: &TenantId, queue: Option<&str>) -> Result<&Queue, String> {
+    pub fn queue_of(&self, tenant: &TenantId, queue: Option<&str>) -> Result<&Queue, CoreError> {
         let name = queue.unwrap_or(tenant.as_str());
         let q = self.queues.get(name).ok_or_else(|| {
             let known: Vec<&str> = self.queues.keys().map(String::as_str).collect();
-            format!("unknown queue {name:?}; queues: {}", known.join(", "))
+            CoreError::UnknownQueue {
+                queue: name.to_owned(),
+                known: known.join(", "),
+            }
         })?;
         if &q.tenant != tenant {
-            return Err(format!(
-                "queue {name:?} belongs to tenant {}, not {tenant}",
-                q.tenant
-            ));
+            return Err(CoreError::ForeignQueue {
+                queue: name.to_owned(),
+                owner: q.tenant.clone(),
+                tenant: tenant.clone(),
+            });
         }
         Ok(q)
     }
 
-    pub fn priority_of(&self, name: Option<&str>) -> Result<i32, String> {
+    pub fn priority_of(&self, name: Option<&str>) -> Result<i32, CoreError> {
         match name {
             None => Ok(self.default_priority),
             Some(n) => self.priorities.get(n).copied().ok_or_else(|| {
                 let known: Vec<&str> = self.priorities.keys().map(String::as_str).collect();
-                format!(
-                    "unknown priority class {n:?}; classes: {}",
-                    known.join(", ")
-                )
+                CoreError::UnknownPriority {
+                    class: n.to_owned(),
+                    known: known.join(", "),
+                }
             }),
         }
     }

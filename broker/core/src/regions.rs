@@ -31,7 +31,11 @@ impl Regions {
 }
 
 /// Parses a GeoJSON Feature, FeatureCollection or Geometry made of polygons into one multipolygon.
-pub fn parse_geojson(text: &str) -> Result<MultiPolygon<f64>, String> {
+pub fn parse_geojson(text: &str) -> Result<MultiPolygon<f64>, crate::error::CoreError> {
+    geojson_area(text).map_err(crate::error::config)
+}
+
+fn geojson_area(text: &str) -> Result<MultiPolygon<f64>, String> {
     let gj: geojson::GeoJson = text.parse().map_err(|e| format!("not GeoJSON: {e}"))?;
     let mut polygons = Vec::new();
     let mut push = |g: &geojson::Geometry| -> Result<(), String> {
@@ -116,6 +120,6 @@ mod tests {
     fn lines_are_refused() {
         let err = parse_geojson(r#"{"type":"LineString","coordinates":[[0,0],[1,1]]}"#)
             .expect_err("line");
-        assert!(err.contains("expected polygons"), "{err}");
+        assert!(err.to_string().contains("expected polygons"), "{err}");
     }
 }

@@ -27,7 +27,11 @@ impl Throughput {
     }
 
     /// Parses `[models]` of a throughput file: `MODEL = factor` (> 0).
-    pub fn from_toml(text: &str) -> Result<Self, String> {
+    pub fn from_toml(text: &str) -> Result<Self, crate::error::CoreError> {
+        Self::parse(text).map_err(crate::error::config)
+    }
+
+    fn parse(text: &str) -> Result<Self, String> {
         #[derive(serde::Deserialize)]
         struct File {
             models: HashMap<String, f64>,

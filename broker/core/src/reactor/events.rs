@@ -111,16 +111,22 @@ pub enum Response {
     Done,
 }
 
+/// Why a step was refused; nothing was journaled or changed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum StepError {
+    /// The job or site named does not exist (not retryable).
     #[error("{what} not found")]
     NotFound { what: String },
+    /// A field's value is not acceptable now (not retryable as it stands).
     #[error("invalid `{field}`: {problem}")]
     Invalid { field: String, problem: String },
+    /// An idempotency key reused with another spec (not retryable).
     #[error("{0}")]
     Conflict(String),
+    /// The tenant's budget refuses the job (retryable in the next budget period).
     #[error("{0}")]
     OverBudget(String),
+    /// The journal could not take the step (retryable).
     #[error(transparent)]
     Journal(#[from] JournalError),
 }
@@ -141,9 +147,5 @@ impl StepError {
             StepError::Invalid { field, .. } => Some(field.clone()),
             _ => None,
         }
-    }
-
-    pub fn is_retryable(&self) -> bool {
-        matches!(self, StepError::Journal(e) if e.is_retryable())
     }
 }

@@ -221,14 +221,14 @@ impl<J: Journal> Reactor<J> {
                 }
                 if let Some(t) = &self.tenancy {
                     t.queue_of(&spec.tenant, spec.queue.as_deref())
-                        .map_err(|problem| StepError::Invalid {
+                        .map_err(|e| StepError::Invalid {
                             field: "queue".into(),
-                            problem,
+                            problem: e.to_string(),
                         })?;
                     t.priority_of(spec.priority.as_deref()).map_err(|problem| {
                         StepError::Invalid {
                             field: "priority".into(),
-                            problem,
+                            problem: problem.to_string(),
                         }
                     })?;
                     let known = self
@@ -298,9 +298,9 @@ impl<J: Journal> Reactor<J> {
             }),
             Event::SetTenancy { toml, .. } => crate::quota::Tenancy::from_toml(toml)
                 .map(|_| ())
-                .map_err(|problem| StepError::Invalid {
+                .map_err(|e| StepError::Invalid {
                     field: "tenancy".into(),
-                    problem,
+                    problem: e.to_string(),
                 }),
             _ => Ok(()),
         }
@@ -436,7 +436,7 @@ impl<J: Journal> Reactor<J> {
                         self.state.dirty = true;
                         self.try_pending(now);
                     }
-                    Err(e) => self.state.tenancy_toml_error = Some(e),
+                    Err(e) => self.state.tenancy_toml_error = Some(e.to_string()),
                 }
                 Response::Done
             }
@@ -483,7 +483,7 @@ impl<J: Journal> Reactor<J> {
                     self.tenancy = Some(t);
                     st.tenancy_toml = Some(toml);
                 }
-                Err(e) => st.tenancy_toml_error = Some(e),
+                Err(e) => st.tenancy_toml_error = Some(e.to_string()),
             }
         }
         for site in snap.sites {

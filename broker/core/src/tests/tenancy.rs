@@ -256,7 +256,7 @@ fn tenancy_files_with_mistakes_are_refused_with_the_queue_named() {
         ),
     ] {
         let err = crate::quota::Tenancy::from_toml(text).unwrap_err();
-        assert!(err.contains(want), "{text}: {err}");
+        assert!(err.to_string().contains(want), "{text}: {err}");
     }
 }
 
@@ -449,7 +449,10 @@ fn a_queue_capped_at_a_site_goes_elsewhere_and_the_explanation_says_why() {
         "[[queues]]\nname = \"q\"\ntenant = \"t\"\nsite_caps = { \"bad site\" = { \"gpu:*\" = 1 } }",
     )
     .unwrap_err();
-    assert!(err.contains("site_caps: site \"bad site\""), "{err}");
+    assert!(
+        err.to_string().contains("site_caps: site \"bad site\""),
+        "{err}"
+    );
 }
 
 /// An administrator removes a queue that has waiting jobs: its jobs wait for a queue instead of running
