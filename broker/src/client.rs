@@ -8,22 +8,38 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::time::Duration;
 
+#[derive(Clone)]
 pub struct Client {
     nats: async_nats::Client,
+    /// The API token, sent in each request's `Authorization` header.
+    token: Option<String>,
 }
 
+/// The header an API request carries its token in (`Bearer <token>`), on NATS as on HTTP.
+pub const AUTHORIZATION: &str = "Authorization";
+
 impl Client {
-    pub async fn connect(url: &str) -> anyhow::Result<Self> {
-        let nats = tokio::time::timeout(
-            Duration::from_secs(5),
-            async_nats::ConnectOptions::new()
-                .name("meridian client")
-                .connect(meridian_federation::nats_servers(url)),
-        )
-        .await
-        .with_context(|| format!("timed out connecting to {url}"))?
-        .with_context(|| format!("connecting to {url}"))?;
-        Ok(Client { nats })
+    pub async fn connect(
+        access: &meridian_federation::access::Access,
+        token: Option<String>,
+    ) -> anyhow::Result<Self> {
+        let nats = access
+            .connect("meridian client", Duration::from_secs(5))
+            .await?;
+        Ok(Client { nats, token })
+    }
+
+    /// A client of a local federation, as its operator (the administrator's token).
+    pub async fn of(fed: &crate::local::LocalFederation) -> anyhow::Result<Self> {
+        Self::connect(&fed.access(), fed.token().map(str::to_owned)).await
+    }
+
+    /// The same connection with another token.
+    pub fn with_token(&self, token: Option<String>) -> Self {
+        Client {
+            nats: self.nats.clone(),
+            token,
+        }
     }
 
     async fn call<B: Serialize, T: DeserializeOwned>(
@@ -35,14 +51,20 @@ impl Client {
         self.raw(subject, payload).await
     }
 
-    async fn raw<T: DeserializeOwned>(
+    /// One call with a body already encoded.
+    pub async fn raw<T: DeserializeOwned>(
         &self,
         subject: &'static str,
-        payload: Vec<u8>,
+        payload: impl Into<Bytes>,
     ) -> anyhow::Result<T> {
+        let mut headers = async_nats::HeaderMap::new();
+        if let Some(t) = &self.token {
+            headers.insert(AUTHORIZATION, format!("Bearer {t}").as_str());
+        }
         let m = tokio::time::timeout(
             Duration::from_secs(10),
-            self.nats.request(subject, Bytes::from(payload)),
+            self.nats
+                .request_with_headers(subject, headers, payload.into()),
         )
         .await
         .context("the broker did not answer within 10 s")?
@@ -70,12 +92,11 @@ impl Client {
 
     pub async fn tenancy(
         &self,
-        token: &str,
         toml: Option<String>,
     ) -> anyhow::Result<meridian_federation::TenancyView> {
         let req = meridian_federation::TenancyRequest {
             v: WIRE_VERSION,
-            token: token.to_owned(),
+            token: None,
             toml,
         };
         self.call(api::TENANCY, &req).await
@@ -84,12 +105,11 @@ impl Client {
     /// The journal's durable format; with `upgrade`, upgraded first to the newest the broker knows.
     pub async fn journal_format(
         &self,
-        token: &str,
         upgrade: bool,
     ) -> anyhow::Result<meridian_federation::FormatView> {
         let req = meridian_federation::FormatRequest {
             v: WIRE_VERSION,
-            token: token.to_owned(),
+            token: None,
             upgrade,
         };
         self.call(api::JOURNAL_FORMAT, &req).await

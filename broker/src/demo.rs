@@ -192,7 +192,7 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<bool> {
     let fed = tokio::task::block_in_place(|| {
         LocalFederation::start(&opts.federation, LocalOptions::default())
     })?;
-    let client = Client::connect(&fed.nats_url()).await?;
+    let client = Client::of(&fed).await?;
     let want = fed.site_ids().len();
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {

@@ -4,6 +4,7 @@
 pub mod bench;
 pub mod cli;
 pub mod client;
+pub mod creds;
 pub mod data;
 pub mod demo;
 pub mod local;

@@ -5,6 +5,8 @@ use clap::Parser;
 use meridian_broker::cli::{self, Cli, Cmd};
 
 fn main() {
+    // One TLS provider for the process (the HTTP API's server side asks for the process default).
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let cli = Cli::parse();
     let filter = match &cli.command {
         Cmd::Broker(_) => "info",

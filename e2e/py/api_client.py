@@ -1,19 +1,48 @@
 """A third-party client of Meridian's documented NATS API (nats-py, not the project's code).
 
-Usage: api_client.py NATS_URL. Submits a job with a misspelt field (it must be refused with the field's path),
+Usage: api_client.py, with the access `meridian up` prints in the environment: MERIDIAN_NATS (servers),
+MERIDIAN_CA (the CA that signs them), MERIDIAN_CREDS (the client's NKey seed file `<name>.nk`, with its client
+certificate `<name>.crt` and key `<name>.key` beside it; replies arrive under the inbox prefix `_INBOX.<name>`)
+and MERIDIAN_TOKEN (sent as `Authorization: Bearer <token>` on every request). Submits a job with a misspelt field (it must be refused with the field's path),
 then good jobs, lists every job page by page through `meridian.v1.api.jobs.list`, and prints what it saw as one
 JSON line.
 """
 
 import asyncio
 import json
-import sys
+import os
+import ssl
 
 import nats
 
 
-async def call(nc, subject, body):
-    reply = await nc.request(subject, json.dumps(body).encode(), timeout=10)
+async def connect():
+    """Connects the way the README documents: TLS against the CA, the client certificate, the NKey."""
+    servers = os.environ["MERIDIAN_NATS"].split(",")
+    options = {}
+    ca, creds = os.environ.get("MERIDIAN_CA"), os.environ.get("MERIDIAN_CREDS")
+    if ca:
+        tls = ssl.create_default_context(cafile=ca)
+        if creds:
+            stem = os.path.splitext(creds)[0]
+            tls.load_cert_chain(stem + ".crt", stem + ".key")
+        options["tls"] = tls
+    if creds:
+        name = os.path.splitext(os.path.basename(creds))[0]
+        options["nkeys_seed"] = creds
+        options["inbox_prefix"] = f"_INBOX.{name}".encode()
+    return await nats.connect(servers, **options)
+
+
+def headers(token):
+    return {"Authorization": f"Bearer {token}"} if token else None
+
+
+async def call(nc, subject, body, token=None):
+    token = token if token is not None else os.environ.get("MERIDIAN_TOKEN")
+    reply = await nc.request(
+        subject, json.dumps(body).encode(), timeout=10, headers=headers(token)
+    )
     return json.loads(reply.data)
 
 
@@ -30,8 +59,8 @@ def spec(key, **extra):
     return s
 
 
-async def main(url):
-    nc = await nats.connect(url)
+async def main():
+    nc = await connect()
     out = {}
     typo = await call(
         nc, "meridian.v1.api.jobs.submit", spec("typo", constraints={"residancy": "eu"})
@@ -62,4 +91,4 @@ async def main(url):
     await nc.close()
 
 
-asyncio.run(main(sys.argv[1]))
+asyncio.run(main())

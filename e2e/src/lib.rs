@@ -14,10 +14,13 @@ pub fn configs() -> PathBuf {
     local::workspace_root().join("configs")
 }
 
-/// A running federation and its API.
+/// A running federation and its API. Every test reaches it through here: the HTTPS address, the CA, the
+/// operator's NATS identity and the administrator's token (a change of access touches this one place).
 pub struct Fed {
     pub fed: LocalFederation,
     agent: ureq::Agent,
+    /// The token calls carry (the administrator's, unless a test chose another).
+    pub token: Option<String>,
     /// A scratch folder for the test (witness files, generated configs).
     pub scratch: tempfile::TempDir,
 }
@@ -100,16 +103,17 @@ impl Fed {
 
     pub fn start_with(file: &Path, opts: LocalOptions) -> Fed {
         let fed = LocalFederation::start(file, opts).expect("federation starts");
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            // A fresh connection per call: the server may close one after refusing a body.
-            .max_idle_connections(0)
-            .timeout_global(Some(Duration::from_secs(10)))
-            .build()
-            .into();
+        let agent = http_agent(
+            fed.security
+                .as_ref()
+                .map(|s| s.creds.join("ca.crt"))
+                .as_deref(),
+        );
+        let token = fed.token().map(str::to_owned);
         let f = Fed {
             fed,
             agent,
+            token,
             scratch: tempfile::tempdir().expect("tempdir"),
         };
         let n = f.fed.site_ids().len();
@@ -155,6 +159,55 @@ impl Fed {
         format!("{}{path}", self.fed.http)
     }
 
+    /// The federation's CA certificate (`None` when insecure).
+    pub fn ca(&self) -> Option<PathBuf> {
+        self.fed.security.as_ref().map(|s| s.creds.join("ca.crt"))
+    }
+
+    /// The same federation's API with another token (`None`: no token at all).
+    pub fn with_token(&self, token: Option<&str>) -> Api<'_> {
+        Api {
+            fed: self,
+            token: token.map(str::to_owned),
+        }
+    }
+
+    /// A NATS connection as the operator (TLS, its NKey).
+    pub async fn nats(&self) -> async_nats::Client {
+        self.fed
+            .access()
+            .connect("e2e", Duration::from_secs(10))
+            .await
+            .expect("NATS connects")
+    }
+
+    /// A NATS connection as another identity of the federation.
+    pub async fn nats_as(&self, identity: &str) -> async_nats::Client {
+        self.fed
+            .access_as(identity)
+            .connect("e2e", Duration::from_secs(10))
+            .await
+            .expect("NATS connects")
+    }
+
+    /// The project's API client as the operator, with the administrator's token.
+    pub async fn client(&self) -> meridian_broker::client::Client {
+        meridian_broker::client::Client::connect(&self.fed.access(), self.token.clone())
+            .await
+            .expect("client connects")
+    }
+
+    fn authorized<B>(
+        &self,
+        req: ureq::RequestBuilder<B>,
+        token: Option<&str>,
+    ) -> ureq::RequestBuilder<B> {
+        match token {
+            Some(t) => req.header("authorization", &format!("Bearer {t}")),
+            None => req,
+        }
+    }
+
     /// Reads a reply: its status and JSON body (or the text, when it is not JSON).
     fn read(
         reply: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
@@ -171,7 +224,8 @@ impl Fed {
 
     /// Like `get`, `post`: `None` when no broker answers (while one takes over, say).
     pub fn try_get(&self, path: &str) -> Option<(u16, Value)> {
-        let r = self.agent.get(&self.url(path)).call().ok()?;
+        let req = self.authorized(self.agent.get(&self.url(path)), self.token.as_deref());
+        let r = req.call().ok()?;
         Some(Self::read(Ok(r), "GET"))
     }
 
@@ -180,7 +234,10 @@ impl Fed {
             .agent
             .post(&self.url(path))
             .header("content-type", "application/json");
-        let r = req.send(body).ok()?;
+        let r = self
+            .authorized(req, self.token.as_deref())
+            .send(body)
+            .ok()?;
         Some(Self::read(Ok(r), "POST"))
     }
 
@@ -211,19 +268,19 @@ impl Fed {
     }
 
     pub fn get(&self, path: &str) -> (u16, Value) {
-        Self::read(self.agent.get(&self.url(path)).call(), "GET")
+        self.with_token(self.token.as_deref()).get(path)
     }
 
     pub fn post(&self, path: &str, body: &[u8]) -> (u16, Value) {
-        let req = self
-            .agent
-            .post(&self.url(path))
-            .header("content-type", "application/json");
-        Self::read(req.send(body), "POST")
+        self.with_token(self.token.as_deref()).post(path, body)
+    }
+
+    pub fn put(&self, path: &str, body: &[u8]) -> (u16, Value) {
+        self.with_token(self.token.as_deref()).put(path, body)
     }
 
     pub fn delete(&self, path: &str) -> (u16, Value) {
-        Self::read(self.agent.delete(&self.url(path)).call(), "DELETE")
+        self.with_token(self.token.as_deref()).delete(path)
     }
 
     /// Submits a job; returns its id.
@@ -278,13 +335,95 @@ impl Fed {
         }
     }
 
-    /// Runs the `meridian` binary against this federation's NATS server.
+    /// Runs the `meridian` binary against this federation, as its operator would from another shell (the
+    /// lines `meridian up` prints: NATS, CA, credential, token).
     pub fn cli(&self, args: &[&str]) -> std::process::Output {
-        std::process::Command::new(local::sibling_binary("meridian").expect("meridian built"))
-            .args(["--nats", &self.fed.nats_url()])
-            .args(args)
-            .output()
-            .expect("run meridian")
+        let access = self.fed.access();
+        let mut cmd =
+            std::process::Command::new(local::sibling_binary("meridian").expect("meridian built"));
+        cmd.env("MERIDIAN_NATS", &access.nats)
+            .env_remove("MERIDIAN_CA")
+            .env_remove("MERIDIAN_CREDS")
+            .env_remove("MERIDIAN_TOKEN");
+        if let Some(ca) = &access.ca {
+            cmd.env("MERIDIAN_CA", ca);
+        }
+        if let Some(creds) = &access.creds {
+            cmd.env("MERIDIAN_CREDS", creds);
+        }
+        if let Some(t) = &self.token {
+            cmd.env("MERIDIAN_TOKEN", t);
+        }
+        cmd.args(args).output().expect("run meridian")
+    }
+}
+
+/// An HTTP client that trusts the federation's CA (or plain HTTP when there is none).
+fn http_agent(ca: Option<&Path>) -> ureq::Agent {
+    let mut config = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        // A fresh connection per call: the server may close one after refusing a body.
+        .max_idle_connections(0)
+        .timeout_global(Some(Duration::from_secs(10)));
+    if let Some(ca) = ca {
+        let pem = std::fs::read(ca).expect("read the CA");
+        let cert = ureq::tls::Certificate::from_pem(&pem).expect("a PEM certificate");
+        config = config.tls_config(
+            ureq::tls::TlsConfig::builder()
+                .root_certs(ureq::tls::RootCerts::Specific(std::sync::Arc::new(vec![
+                    cert,
+                ])))
+                .build(),
+        );
+    }
+    config.build().into()
+}
+
+/// The API as seen with one token (or none).
+pub struct Api<'a> {
+    fed: &'a Fed,
+    token: Option<String>,
+}
+
+impl Api<'_> {
+    pub fn get(&self, path: &str) -> (u16, Value) {
+        let req = self.fed.authorized(
+            self.fed.agent.get(&self.fed.url(path)),
+            self.token.as_deref(),
+        );
+        Fed::read(req.call(), "GET")
+    }
+
+    pub fn post(&self, path: &str, body: &[u8]) -> (u16, Value) {
+        let req = self
+            .fed
+            .agent
+            .post(&self.fed.url(path))
+            .header("content-type", "application/json");
+        Fed::read(
+            self.fed.authorized(req, self.token.as_deref()).send(body),
+            "POST",
+        )
+    }
+
+    pub fn put(&self, path: &str, body: &[u8]) -> (u16, Value) {
+        let req = self
+            .fed
+            .agent
+            .put(&self.fed.url(path))
+            .header("content-type", "application/json");
+        Fed::read(
+            self.fed.authorized(req, self.token.as_deref()).send(body),
+            "PUT",
+        )
+    }
+
+    pub fn delete(&self, path: &str) -> (u16, Value) {
+        let req = self.fed.authorized(
+            self.fed.agent.delete(&self.fed.url(path)),
+            self.token.as_deref(),
+        );
+        Fed::read(req.call(), "DELETE")
     }
 }
 

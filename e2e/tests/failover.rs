@@ -2,7 +2,7 @@
 //! down, and a restarted broker recovers from its latest snapshot. Real nats-server and binaries.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
-use meridian_broker::local::{LocalOptions, Nats};
+use meridian_broker::local::LocalOptions;
 use meridian_broker::service::journal::{JetStreamJournal, StoreError};
 use meridian_core::durable::{Batch, FORMAT_VERSION};
 use meridian_core::journal::Record;
@@ -41,11 +41,10 @@ fn cancelled(batches: &[Batch]) -> Vec<u64> {
 #[test]
 fn the_journal_refuses_a_writer_that_was_taken_over() {
     let dir = tempfile::tempdir().unwrap();
-    let nats = Nats::single(dir.path()).unwrap();
-    let url = nats.urls();
+    let (_nats, access) = meridian_broker::local::secured_nats(dir.path()).unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let client = async_nats::connect(url).await.unwrap();
+        let client = access.connect("test", LONG).await.unwrap();
         let mut a = JetStreamJournal::open(client.clone(), "a".into(), 1)
             .await
             .unwrap();

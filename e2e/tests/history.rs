@@ -25,9 +25,7 @@ fn five_thousand_jobs_list_in_pages_and_archived_ones_stay_readable() {
     );
     let n = 5_000;
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let client = rt
-        .block_on(meridian_broker::client::Client::connect(&f.fed.nats_url()))
-        .unwrap();
+    let client = rt.block_on(f.client());
     let ids: Vec<String> = rt.block_on(async {
         let mut ids = Vec::new();
         let specs: Vec<Value> = (0..n)

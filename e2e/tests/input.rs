@@ -108,7 +108,8 @@ fn each_bad_input_gets_its_error_and_changes_nothing() {
     let attempt = f.job(&ok)["attempt"].as_u64().unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let answer = rt.block_on(async {
-        let nc = async_nats::connect(f.fed.nats_url()).await.unwrap();
+        // The site's own identity: only it may speak for the site.
+        let nc = f.nats_as("only").await;
         let status = json!({"v": 1, "job": ok, "attempt": attempt, "site": "only", "state": "succeeded",
             "exit_code": 0, "at_ms": 1, "runtime_ms": u64::MAX});
         nc.request(
@@ -139,11 +140,7 @@ fn a_third_party_client_uses_the_nats_api() {
         "{} is missing: run scripts/setup.sh (it installs nats-py)",
         python.display()
     );
-    let out = std::process::Command::new(&python)
-        .arg(local::workspace_root().join("e2e/py/api_client.py"))
-        .arg(f.fed.nats_url())
-        .output()
-        .unwrap();
+    let out = python_client(&f, &python).output().unwrap();
     assert!(
         out.status.success(),
         "{}{}",
@@ -160,4 +157,29 @@ fn a_third_party_client_uses_the_nats_api() {
     assert!(seen["pages"].as_u64().unwrap() >= 5, "{seen}");
     assert_eq!(seen["all_submitted_listed"], true);
     assert_eq!(seen["bad_list_error"]["field"], "limt", "{seen}");
+}
+
+/// The Python client, given the federation's access the way `meridian up` prints it (environment variables).
+fn python_client(f: &Fed, python: &std::path::Path) -> std::process::Command {
+    let access = f.fed.access();
+    let mut cmd = std::process::Command::new(python);
+    cmd.arg(local::workspace_root().join("e2e/py/api_client.py"))
+        .env("MERIDIAN_NATS", &access.nats);
+    for (var, value) in [
+        (
+            "MERIDIAN_CA",
+            access.ca.as_ref().map(|p| p.display().to_string()),
+        ),
+        (
+            "MERIDIAN_CREDS",
+            access.creds.as_ref().map(|p| p.display().to_string()),
+        ),
+        ("MERIDIAN_TOKEN", f.token.clone()),
+    ] {
+        match value {
+            Some(v) => cmd.env(var, v),
+            None => cmd.env_remove(var),
+        };
+    }
+    cmd
 }

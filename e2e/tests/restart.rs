@@ -181,9 +181,7 @@ fn an_agent_killed_with_many_running_jobs_is_reconciled_within_a_minute() {
 fn submit_all(f: &Fed, specs: &[Value]) {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let client = meridian_broker::client::Client::connect(&f.fed.nats_url())
-            .await
-            .unwrap();
+        let client = f.client().await;
         for chunk in specs.chunks(64) {
             let futures = chunk
                 .iter()

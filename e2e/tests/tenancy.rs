@@ -186,10 +186,7 @@ fn an_administrator_changes_quotas_at_run_time_and_the_change_survives_a_restart
     let mut f = Fed::generated_with(
         &[SiteSpec::new("only", "owned", "A100", 4, 1.0)],
         &format!("tenancy = {:?}", tenancy.display().to_string()),
-        meridian_broker::local::LocalOptions {
-            broker_args: vec!["--admin-token".into(), "s3cret".into()],
-            ..Default::default()
-        },
+        meridian_broker::local::LocalOptions::default(),
     );
     let spec = |key: &str| {
         let mut s = job(key, 1, "sleep 30");
@@ -209,29 +206,20 @@ fn an_administrator_changes_quotas_at_run_time_and_the_change_survives_a_restart
     );
 
     let two = one.replace("= 1 }", "= 2 }");
+    let admin = f.token.clone().expect("a secured federation");
     let put = |token: Option<&str>, body: &str| {
-        let mut req = ureq::put(&format!("{}/v1/admin/tenancy", f.fed.http))
-            .config()
-            .http_status_as_error(false)
-            .build();
-        if let Some(t) = token {
-            req = req.header("authorization", &format!("Bearer {t}"));
-        }
-        let mut r = req.send(body).unwrap();
-        let status = r.status().as_u16();
-        let v: serde_json::Value =
-            serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap();
-        (status, v)
+        f.with_token(token)
+            .put("/v1/admin/tenancy", body.as_bytes())
     };
     let (status, v) = put(None, &two);
     assert_eq!(
         (status, v["error"]["code"].as_str()),
-        (403, Some("forbidden")),
+        (401, Some("unauthenticated")),
         "{v}"
     );
     let (status, _) = put(Some("guess"), &two);
-    assert_eq!(status, 403);
-    let (status, v) = put(Some("s3cret"), "[[queues]]\nname = 7\n");
+    assert_eq!(status, 401);
+    let (status, v) = put(Some(&admin), "[[queues]]\nname = 7\n");
     assert_eq!(status, 400, "{v}");
     assert_eq!(v["error"]["field"], "tenancy", "{v}");
     assert_eq!(
@@ -239,14 +227,14 @@ fn an_administrator_changes_quotas_at_run_time_and_the_change_survives_a_restart
         "pending",
         "a refused change changes nothing"
     );
-    let (status, v) = put(Some("s3cret"), &two);
+    let (status, v) = put(Some(&admin), &two);
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["ok"]["toml"], two);
     f.wait_phase(&second, "running", LONG);
 
     // The change outlives the broker: after a kill -9 and a restart it is still in force.
     f.fed.restart_broker().unwrap();
-    let out = f.cli(&["tenancy", "--admin-token", "s3cret"]);
+    let out = f.cli(&["tenancy"]);
     assert!(
         out.status.success(),
         "{}",

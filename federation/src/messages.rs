@@ -765,7 +765,9 @@ pub struct ScaleInRequest {
 pub struct TenancyRequest {
     #[serde(default = "v1")]
     pub v: u32,
-    pub token: String,
+    /// The token, for clients of the previous release; the `Authorization` header is the way now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
     #[serde(default)]
     pub toml: Option<String>,
 }
@@ -777,7 +779,9 @@ pub struct TenancyRequest {
 pub struct FormatRequest {
     #[serde(default = "v1")]
     pub v: u32,
-    pub token: String,
+    /// The token, for clients of the previous release; the `Authorization` header is the way now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
     #[serde(default)]
     pub upgrade: bool,
 }

@@ -90,6 +90,10 @@ fn one() -> u32 {
 pub struct AgentSettings {
     /// NATS server URL (the command line's `--nats` wins).
     pub nats_url: String,
+    /// The CA that signs the NATS servers' certificates (`--ca` wins); TLS is required when set.
+    pub ca: Option<PathBuf>,
+    /// This site's NATS identity, its NKey seed file from `meridian creds add site <id>` (`--creds` wins).
+    pub creds: Option<PathBuf>,
     /// Folder for job logs and process-group records (the command line's `--work-dir` wins).
     pub work_dir: Option<PathBuf>,
     /// Heartbeat period, ms.
@@ -121,6 +125,8 @@ impl Default for AgentSettings {
     fn default() -> Self {
         AgentSettings {
             nats_url: "nats://127.0.0.1:4222".into(),
+            ca: None,
+            creds: None,
             work_dir: None,
             heartbeat_ms: 1000,
             advert_interval_ms: 10_000,

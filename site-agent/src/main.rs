@@ -15,6 +15,12 @@ struct Cli {
     /// NATS server URL; overrides the site file.
     #[arg(long, env = "MERIDIAN_NATS")]
     nats: Option<String>,
+    /// The CA that signs the NATS servers' certificates (TLS is required when given); overrides the site file.
+    #[arg(long, env = "MERIDIAN_CA")]
+    ca: Option<PathBuf>,
+    /// This site's NKey seed file (`meridian creds add site <id>`); overrides the site file.
+    #[arg(long, env = "MERIDIAN_CREDS")]
+    creds: Option<PathBuf>,
     /// Folder for job logs and records; overrides the site file.
     #[arg(long)]
     work_dir: Option<PathBuf>,
@@ -102,7 +108,19 @@ fn main() -> anyhow::Result<()> {
             if let Some(ms) = cli.heartbeat_ms {
                 site.agent.heartbeat_ms = ms;
             }
-            let nats_url = cli.nats.unwrap_or_else(|| site.agent.nats_url.clone());
+            let access = meridian_federation::access::Access {
+                nats: cli.nats.unwrap_or_else(|| site.agent.nats_url.clone()),
+                ca: cli.ca.or_else(|| site.agent.ca.clone()),
+                creds: cli.creds.or_else(|| site.agent.creds.clone()),
+            };
+            if let Some(name) = access.identity() {
+                anyhow::ensure!(
+                    name == site.id.as_str(),
+                    "the credential {} is site {name}'s, and this is site {}: a site connects only as itself",
+                    access.creds.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
+                    site.id
+                );
+            }
             let work_dir = cli
                 .work_dir
                 .or_else(|| site.agent.work_dir.clone())
@@ -116,7 +134,7 @@ fn main() -> anyhow::Result<()> {
                 .build()?;
             rt.block_on(runtime::run(runtime::AgentOptions {
                 site,
-                nats_url,
+                access,
                 work_dir,
                 executor: cli.executor,
             }))

@@ -37,7 +37,8 @@ pub enum Executor {
 #[derive(Clone, Debug)]
 pub struct AgentOptions {
     pub site: SiteFile,
-    pub nats_url: String,
+    /// NATS servers, their CA and this site's identity.
+    pub access: meridian_federation::access::Access,
     pub work_dir: PathBuf,
     pub executor: Executor,
 }
@@ -170,14 +171,15 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
         .map_err(anyhow::Error::msg)?;
     let core = AgentCore::new(info, inventory(site)?, site.agent.draining);
     let id = core.info.id.clone();
-    let client = async_nats::ConnectOptions::new()
-        .name(format!("meridian-agent {id}"))
+    let client = opts
+        .access
+        .options(format!("meridian-agent {id}"))?
         .retry_on_initial_connect()
         .max_reconnects(None)
-        .connect(meridian_federation::nats_servers(&opts.nats_url))
+        .connect(meridian_federation::nats_servers(&opts.access.nats))
         .await
-        .with_context(|| format!("connecting to {}", opts.nats_url))?;
-    tracing::info!("site {id} connected to {}", opts.nats_url);
+        .with_context(|| format!("connecting to {}", opts.access.display_url()))?;
+    tracing::info!("site {id} connected to {}", opts.access.display_url());
 
     let outbox = StatusOutbox::open(opts.work_dir.join("status-outbox.jsonl"))
         .with_context(|| format!("opening the status outbox in {}", opts.work_dir.display()))?;

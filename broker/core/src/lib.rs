@@ -2,6 +2,7 @@
 //! state. No tokio, NATS or clocks (this crate depends on none of them, so the compiler keeps the rule). Time is
 //! passed in as milliseconds since the Unix epoch.
 
+pub mod access;
 pub mod budget;
 pub mod durable;
 pub mod error;

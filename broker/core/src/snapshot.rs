@@ -35,6 +35,12 @@ pub struct Snapshot {
     pub archived_keys: Vec<ArchivedKey>,
     #[serde(default)]
     pub recent_runs: Vec<RecentRun>,
+    /// API tokens (hashes only). (Format 3.)
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tokens: Vec<crate::access::TokenRecord>,
+    /// Revoked sites. (Format 3.)
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub revoked_sites: Vec<meridian_federation::SiteId>,
 }
 
 fn changed() -> bool {
@@ -65,6 +71,8 @@ impl State {
                 keys
             },
             recent_runs: self.recent_runs.clone(),
+            tokens: self.tokens.values().cloned().collect(),
+            revoked_sites: self.revoked_sites.iter().cloned().collect(),
         }
     }
 }

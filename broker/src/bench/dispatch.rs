@@ -17,8 +17,8 @@ use bytes::Bytes;
 use futures::StreamExt;
 use meridian_federation::subjects::{self, api, SiteTopic};
 use meridian_federation::{
-    decode, encode, AcceleratorKind, ApiReply, AttemptState, JobId, JobKind, JobSpec, JobStatus,
-    Resources, SubmitReply, TenantId,
+    decode, encode, AcceleratorKind, AttemptState, JobId, JobKind, JobSpec, JobStatus, Resources,
+    SubmitReply, TenantId,
 };
 use serde::Serialize;
 use std::collections::HashMap;
@@ -107,7 +107,7 @@ async fn start(
         ..LocalOptions::default()
     };
     let fed = tokio::task::block_in_place(|| LocalFederation::start(&file, opts))?;
-    let client = crate::client::Client::connect(&fed.nats_url()).await?;
+    let client = crate::client::Client::of(&fed).await?;
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let up = client
@@ -147,13 +147,18 @@ struct Run {
 /// Submits `n` jobs with `in_flight` outstanding; waits until each is seen running (and, with
 /// `until_succeeded`, succeeded).
 async fn run_jobs(
-    url: &str,
+    fed: &LocalFederation,
     n: usize,
     in_flight: usize,
     command: &str,
     until_succeeded: bool,
 ) -> anyhow::Result<Run> {
-    let nats = async_nats::connect(meridian_federation::nats_servers(url)).await?;
+    // Statuses are watched with the broker's own identity: only brokers may read site subjects.
+    let nats = fed
+        .access_as("broker-1")
+        .connect("meridian bench", Duration::from_secs(10))
+        .await?;
+    let client = crate::client::Client::of(fed).await?;
     let mut statuses = nats
         .subscribe(subjects::all_sites(SiteTopic::Status))
         .await?;
@@ -187,8 +192,8 @@ async fn run_jobs(
     let started = Instant::now();
     let mut workers = Vec::new();
     for _ in 0..in_flight.max(1) {
-        let (nats, bodies, next, submitted) = (
-            nats.clone(),
+        let (client, bodies, next, submitted) = (
+            client.clone(),
             bodies.clone(),
             next.clone(),
             submitted.clone(),
@@ -200,11 +205,10 @@ async fn run_jobs(
                     return Ok::<(), anyhow::Error>(());
                 };
                 let t = Instant::now();
-                let m = nats.request(api::SUBMIT, body.clone()).await?;
-                let reply: ApiReply<SubmitReply> = decode(&m.payload)?;
-                let r = reply
-                    .into_result()
-                    .map_err(|e| anyhow::anyhow!("submit {i}: {}", e.message))?;
+                let r: SubmitReply = client
+                    .raw(api::SUBMIT, body.clone())
+                    .await
+                    .map_err(|e| anyhow::anyhow!("submit {i}: {e}"))?;
                 if let Ok(mut s) = submitted.lock() {
                     s.insert(r.job, t);
                 }
@@ -260,8 +264,15 @@ async fn run_jobs(
 
 /// Plain request-reply through the same server: an echo responder, `n` requests of `size` bytes with
 /// `in_flight` outstanding.
-async fn raw_nats(url: &str, n: usize, in_flight: usize, size: usize) -> anyhow::Result<f64> {
-    let responder = async_nats::connect(meridian_federation::nats_servers(url)).await?;
+async fn raw_nats(
+    access: &meridian_federation::access::Access,
+    n: usize,
+    in_flight: usize,
+    size: usize,
+) -> anyhow::Result<f64> {
+    let responder = access
+        .connect("bench echo", Duration::from_secs(10))
+        .await?;
     let mut sub = responder.subscribe("bench.echo").await?;
     responder.flush().await?;
     let echo = tokio::spawn(async move {
@@ -271,7 +282,7 @@ async fn raw_nats(url: &str, n: usize, in_flight: usize, size: usize) -> anyhow:
             }
         }
     });
-    let client = async_nats::connect(meridian_federation::nats_servers(url)).await?;
+    let client = access.connect("bench", Duration::from_secs(10)).await?;
     let body = Bytes::from(vec![b'x'; size]);
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
@@ -337,8 +348,8 @@ pub(super) fn last_recovery(log: &str) -> Option<(u64, u64)> {
 }
 
 /// Batches in the journal stream (each a group of steps stored with one append).
-async fn journal_messages(url: &str) -> anyhow::Result<u64> {
-    let client = async_nats::connect(meridian_federation::nats_servers(url)).await?;
+async fn journal_messages(access: &meridian_federation::access::Access) -> anyhow::Result<u64> {
+    let client = access.connect("bench", Duration::from_secs(10)).await?;
     let js = async_nats::jetstream::new(client);
     let mut stream = js.get_stream(subjects::JOURNAL_STREAM).await?;
     Ok(stream.info().await?.state.messages)
@@ -359,12 +370,13 @@ pub async fn dispatch(opts: DispatchOptions) -> anyhow::Result<DispatchFigures> 
     let fed = start(&noop_dir, opts.sites, slots, "noop")
         .await
         .context("starting the federation")?;
-    let url = fed.nats_url();
-    let before = journal_messages(&url).await?;
-    let run = run_jobs(&url, opts.jobs, opts.in_flight, "true", false).await?;
-    let journal_appends = journal_messages(&url).await?.saturating_sub(before);
+    // The broker's identity: JetStream and arbitrary subjects are brokers' only.
+    let access = fed.access_as("broker-1");
+    let before = journal_messages(&access).await?;
+    let run = run_jobs(&fed, opts.jobs, opts.in_flight, "true", false).await?;
+    let journal_appends = journal_messages(&access).await?.saturating_sub(before);
     let size = spec(0, "true")?.len();
-    let raw = raw_nats(&url, opts.jobs, opts.in_flight, size).await?;
+    let raw = raw_nats(&access, opts.jobs, opts.in_flight, size).await?;
     let mut fed = fed;
     let recovery = tokio::task::block_in_place(|| -> anyhow::Result<Option<(u64, u64)>> {
         fed.restart_broker()?;
@@ -379,14 +391,7 @@ pub async fn dispatch(opts: DispatchOptions) -> anyhow::Result<DispatchFigures> 
         let fed = start(&dir, opts.sites, per_site, "process")
             .await
             .context("starting the federation")?;
-        let run = run_jobs(
-            &fed.nats_url(),
-            opts.spawn_jobs,
-            opts.in_flight,
-            "true",
-            true,
-        )
-        .await?;
+        let run = run_jobs(&fed, opts.spawn_jobs, opts.in_flight, "true", true).await?;
         tokio::task::block_in_place(|| drop(fed));
         Some(SpawnFigures {
             jobs: opts.spawn_jobs,

@@ -16,8 +16,8 @@ use bytes::Bytes;
 use futures::StreamExt;
 use meridian_federation::subjects::{self, api, SiteTopic};
 use meridian_federation::{
-    decode, encode, AcceleratorKind, ApiReply, AttemptState, JobId, JobKind, JobRef, JobSpec,
-    JobStatus, Resources, SubmitReply, TenantId, WIRE_VERSION,
+    decode, encode, AcceleratorKind, AttemptState, JobId, JobKind, JobRef, JobSpec, JobStatus,
+    Resources, SubmitReply, TenantId, WIRE_VERSION,
 };
 use serde::Serialize;
 use std::path::Path;
@@ -145,7 +145,7 @@ fn cpu_s(pid: u32) -> f64 {
 
 /// Sends `n` requests (`body(i)` on `subject`) with `in_flight` outstanding; returns the replies' job ids.
 async fn requests(
-    nats: &async_nats::Client,
+    client: &crate::client::Client,
     subject: &'static str,
     bodies: Vec<Bytes>,
     in_flight: usize,
@@ -155,23 +155,20 @@ async fn requests(
     let out: Arc<Mutex<Vec<(usize, JobId)>>> = Arc::default();
     let mut workers = Vec::new();
     for _ in 0..in_flight.max(1) {
-        let (nats, bodies, next, out) = (nats.clone(), bodies.clone(), next.clone(), out.clone());
+        let (client, bodies, next, out) =
+            (client.clone(), bodies.clone(), next.clone(), out.clone());
         workers.push(tokio::spawn(async move {
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(body) = bodies.get(i) else {
                     return Ok::<(), anyhow::Error>(());
                 };
-                let m = nats.request(subject, body.clone()).await?;
                 let job = if subject == api::SUBMIT {
-                    decode::<ApiReply<SubmitReply>>(&m.payload)?
-                        .into_result()
-                        .map_err(|e| anyhow::anyhow!("{e}"))?
-                        .job
+                    client.raw::<SubmitReply>(subject, body.clone()).await?.job
                 } else {
-                    decode::<ApiReply<meridian_federation::JobView>>(&m.payload)?
-                        .into_result()
-                        .map_err(|e| anyhow::anyhow!("{e}"))?
+                    client
+                        .raw::<meridian_federation::JobView>(subject, body.clone())
+                        .await?
                         .job
                 };
                 if let Ok(mut o) = out.lock() {
@@ -246,14 +243,17 @@ pub async fn queue(opts: QueueOptions) -> anyhow::Result<QueueFigures> {
         ..LocalOptions::default()
     };
     let mut fed = tokio::task::block_in_place(|| LocalFederation::start(&file, fed_opts))?;
-    let url = fed.nats_url();
-    let nats = async_nats::connect(meridian_federation::nats_servers(&url)).await?;
+    // Statuses are watched with the broker's own identity: only brokers may read site subjects.
+    let nats = fed
+        .access_as("broker-1")
+        .connect("meridian bench", Duration::from_secs(10))
+        .await?;
     let running = watch_running(
         nats.subscribe(subjects::all_sites(SiteTopic::Status))
             .await?,
     );
     nats.flush().await?;
-    let client = crate::client::Client::connect(&url).await?;
+    let client = crate::client::Client::of(&fed).await?;
     let deadline = Instant::now() + Duration::from_secs(60);
     while client
         .sites()
@@ -280,7 +280,7 @@ pub async fn queue(opts: QueueOptions) -> anyhow::Result<QueueFigures> {
         b
     };
     let fill = batch(opts.devices, &mut next)?;
-    let mut in_site = requests(&nats, api::SUBMIT, fill, opts.in_flight).await?;
+    let mut in_site = requests(&client, api::SUBMIT, fill, opts.in_flight).await?;
     wait_running(&running, opts.devices, "filling the site").await?;
     let rss_empty = rss(pid(&fed));
 
@@ -290,11 +290,11 @@ pub async fn queue(opts: QueueOptions) -> anyhow::Result<QueueFigures> {
         while waiting.len() < depth {
             let n = (depth - waiting.len()).min(50_000);
             let bodies = batch(n, &mut next)?;
-            waiting.extend(requests(&nats, api::SUBMIT, bodies, opts.in_flight).await?);
+            waiting.extend(requests(&client, api::SUBMIT, bodies, opts.in_flight).await?);
         }
         let bodies = batch(opts.step, &mut next)?;
         let (cpu0, t0) = (cpu_s(pid(&fed)), Instant::now());
-        waiting.extend(requests(&nats, api::SUBMIT, bodies, opts.in_flight).await?);
+        waiting.extend(requests(&client, api::SUBMIT, bodies, opts.in_flight).await?);
         let (secs, cpu) = (t0.elapsed().as_secs_f64(), cpu_s(pid(&fed)) - cpu0);
         depths.push(DepthFigures {
             waiting: depth,
@@ -313,7 +313,7 @@ pub async fn queue(opts: QueueOptions) -> anyhow::Result<QueueFigures> {
     while done < opts.step {
         let n = in_site.len().min(opts.step - done);
         let cancel: Vec<JobId> = in_site.drain(..n).collect();
-        requests(&nats, api::CANCEL, job_refs(&cancel)?, opts.in_flight).await?;
+        requests(&client, api::CANCEL, job_refs(&cancel)?, opts.in_flight).await?;
         done += n;
         wait_running(&running, before + done, "refilling").await?;
         let started: Vec<JobId> = running
@@ -332,7 +332,7 @@ pub async fn queue(opts: QueueOptions) -> anyhow::Result<QueueFigures> {
 
     // Every waiting job finishes (cancelled while it waits), and moves to the archive.
     let finished = waiting.len() + done;
-    requests(&nats, api::CANCEL, job_refs(&waiting)?, opts.in_flight).await?;
+    requests(&client, api::CANCEL, job_refs(&waiting)?, opts.in_flight).await?;
     if let Some(last) = waiting.last() {
         let deadline = Instant::now() + Duration::from_secs(1800);
         while !client.job(last).await.is_ok_and(|v| v.archived) {

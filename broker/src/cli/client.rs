@@ -8,17 +8,14 @@ use clap::{Args, Subcommand, ValueEnum};
 use meridian_federation::{JobId, JobPhase, JobScope, SiteId, TenantId};
 use std::path::PathBuf;
 
-/// How a client reaches the federation.
+/// How a client reaches the federation: NATS, its CA, the client's identity, and its API token.
 #[derive(Args, Clone, Debug)]
 pub struct ConnectArgs {
-    /// NATS server(s) of the federation (comma-separated).
-    #[arg(
-        long,
-        global = true,
-        env = "MERIDIAN_NATS",
-        default_value = "nats://127.0.0.1:4222"
-    )]
-    pub nats: String,
+    #[command(flatten)]
+    pub access: meridian_federation::access::Access,
+    /// The API token (`meridian token create`; `meridian up` prints an administrator's).
+    #[arg(long, global = true, env = "MERIDIAN_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
 }
 
 /// What `meridian journal` does.
@@ -77,18 +74,12 @@ pub enum ClientCmd {
         /// The new tenancy file (TOML, see configs/tenancy.toml).
         #[arg(long)]
         set: Option<PathBuf>,
-        /// The administrator's token.
-        #[arg(long, env = "MERIDIAN_ADMIN_TOKEN", hide_env_values = true)]
-        admin_token: String,
     },
     /// The journal's durable format: `format` shows it, `upgrade-format` moves the journal to the newest format
     /// this broker knows (do it once every broker of the federation runs this release).
     Journal {
         #[arg(value_enum)]
         action: JournalAction,
-        /// The administrator's token.
-        #[arg(long, env = "MERIDIAN_ADMIN_TOKEN", hide_env_values = true)]
-        admin_token: String,
     },
     /// The metering ledger per tenant, site and accelerator model: accelerator-hours, USD, kWh (PUE included),
     /// kgCO2e, queue wait and attempts, for the attempts offered in a window.
@@ -111,7 +102,7 @@ fn parse_phase(s: &str) -> Result<JobPhase, String> {
 }
 
 pub async fn run(cmd: ClientCmd, connect: &ConnectArgs, out: Output) -> anyhow::Result<bool> {
-    let client = Client::connect(&connect.nats).await?;
+    let client = Client::connect(&connect.access, connect.token.clone()).await?;
     match cmd {
         ClientCmd::Submit { file } => {
             let body = read_job_file(&file)?;
@@ -178,7 +169,7 @@ pub async fn run(cmd: ClientCmd, connect: &ConnectArgs, out: Output) -> anyhow::
                 }
             })
         }
-        ClientCmd::Tenancy { set, admin_token } => {
+        ClientCmd::Tenancy { set } => {
             let toml = match &set {
                 Some(path) => Some(
                     std::fs::read_to_string(path)
@@ -186,18 +177,15 @@ pub async fn run(cmd: ClientCmd, connect: &ConnectArgs, out: Output) -> anyhow::
                 ),
                 None => None,
             };
-            let v = client.tenancy(&admin_token, toml).await?;
+            let v = client.tenancy(toml).await?;
             print(out, &v, |v| match &v.toml {
                 Some(t) => out!("{t}"),
                 None => outln!("no tenancy: nothing is limited by quota"),
             })
         }
-        ClientCmd::Journal {
-            action,
-            admin_token,
-        } => {
+        ClientCmd::Journal { action } => {
             let upgrade = action == JournalAction::UpgradeFormat;
-            let v = client.journal_format(&admin_token, upgrade).await?;
+            let v = client.journal_format(upgrade).await?;
             print(out, &v, |v| {
                 outln!(
                     "journal format {} (this broker knows up to {})",

@@ -3,6 +3,7 @@
 //! [`client`], those that talk to a federation. Tables are drawn in [`render`].
 
 pub mod client;
+pub mod creds;
 pub mod render;
 
 use crate::local::{LocalFederation, LocalOptions};
@@ -82,6 +83,14 @@ pub enum Cmd {
         #[command(subcommand)]
         what: BenchCmd,
     },
+    /// The federation's identities and certificates (NATS NKeys, TLS): init, add, list, revoke, server-config.
+    Creds {
+        /// The credentials folder.
+        #[arg(long, env = "MERIDIAN_CREDS_DIR", default_value = "meridian-creds")]
+        dir: PathBuf,
+        #[command(subcommand)]
+        what: creds::CredsCmd,
+    },
     #[command(flatten)]
     Client(client::ClientCmd),
 }
@@ -120,13 +129,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<bool> {
             render::print(out, &simulated.0, |r| out!("{}", sim::table(r)))
         }
         Cmd::Bench { what } => run_bench(what, out).await,
+        Cmd::Creds { dir, what } => creds::run(what, &dir),
         Cmd::Client(cmd) => client::run(cmd, &cli.connect, out).await,
     }
 }
 
 async fn up(federation: &std::path::Path, opts: LocalOptions) -> anyhow::Result<bool> {
     let fed = tokio::task::block_in_place(|| LocalFederation::start(federation, opts))?;
-    let url = fed.nats_url();
     outln!("federation up: HTTP API {}", fed.http);
     for (i, n) in fed.nats.nodes.iter().enumerate() {
         outln!("NATS node {}: {}", i + 1, n.url);
@@ -149,7 +158,20 @@ async fn up(federation: &std::path::Path, opts: LocalOptions) -> anyhow::Result<
         "logs and state in {}; Ctrl-C stops everything",
         fed.dir.display()
     );
-    outln!("try: meridian --nats {url} sites");
+    match &fed.security {
+        Some(s) => {
+            outln!(
+                "secured: TLS on every link (CA {}), an NKey per broker, site and client, JetStream encrypted at rest",
+                s.creds.join("ca.crt").display()
+            );
+            outln!("for another shell (the token is this local federation's administrator's):");
+        }
+        None => outln!("INSECURE: no TLS, no credentials, every API caller is an administrator"),
+    }
+    for line in fed.exports() {
+        outln!("{line}");
+    }
+    outln!("try: meridian sites");
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         r = tokio::signal::ctrl_c() => r?,

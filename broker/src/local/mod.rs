@@ -93,6 +93,9 @@ pub struct LocalOptions {
     /// Also start a standby broker (implied by `--topology cluster`).
     #[arg(long)]
     pub standby: bool,
+    /// Run without TLS, NATS credentials and API tokens: for measuring what security costs, never for use.
+    #[arg(long)]
+    pub insecure: bool,
 }
 
 impl Default for LocalOptions {
@@ -104,6 +107,7 @@ impl Default for LocalOptions {
             dir: None,
             topology: Topology::Single,
             standby: false,
+            insecure: false,
         }
     }
 }
@@ -127,10 +131,24 @@ pub struct AgentProc {
     pub proc: Managed,
 }
 
+/// How a local federation is secured: its credentials folder and the administrator's API token.
+#[derive(Clone, Debug)]
+pub struct LocalSecurity {
+    /// The credentials folder (`meridian creds`): CA, server certificate, every identity.
+    pub creds: PathBuf,
+    /// The administrator's API token of this federation (made for it, printed by `meridian up`).
+    pub token: String,
+}
+
+/// The identity a local federation makes for its operator's commands.
+pub const OPERATOR: &str = "operator";
+
 /// A running local federation.
 #[derive(Debug)]
 pub struct LocalFederation {
     pub nats: Nats,
+    /// TLS, identities and the administrator's token; `None` when started `insecure`.
+    pub security: Option<LocalSecurity>,
     pub brokers: Vec<BrokerSlot>,
     pub agents: Vec<AgentProc>,
     /// The federation's HTTP API: a stable address that reaches whichever broker serves it now.
@@ -186,9 +204,19 @@ impl LocalFederation {
                 (Some(t), d)
             }
         };
+        let standby = opts.standby || opts.topology == Topology::Cluster;
+        let brokers = if standby { 2 } else { 1 };
+        let security = if opts.insecure {
+            None
+        } else {
+            Some(secure(&dir, &fed, &base, brokers)?)
+        };
+        let nats_security = security.as_ref().map(|s| nats::Security {
+            creds: s.creds.clone(),
+        });
         let nats = match opts.topology {
-            Topology::Single => Nats::single(&dir.join("nats"))?,
-            Topology::Cluster => Nats::cluster(&dir.join("nats"))?,
+            Topology::Single => Nats::single(&dir.join("nats"), nats_security)?,
+            Topology::Cluster => Nats::cluster(&dir.join("nats"), nats_security)?,
         };
         let meridian = std::env::current_exe()
             .ok()
@@ -199,6 +227,14 @@ impl LocalFederation {
         let mut args: Vec<std::ffi::OsString> =
             vec!["broker".into(), "--nats".into(), nats.urls().into()];
         args.extend(["--http".into(), "127.0.0.1:0".into()]);
+        if let Some(s) = &security {
+            let reg = crate::creds::Registry::open(&s.creds)?;
+            args.extend(["--ca".into(), reg.ca().into_os_string()]);
+            args.extend(["--tls-cert".into(), reg.server_cert().into_os_string()]);
+            args.extend(["--tls-key".into(), reg.server_key().into_os_string()]);
+        } else {
+            args.push("--insecure".into());
+        }
         args.extend(["--replicas".into(), nats.replicas().to_string().into()]);
         for (name, path) in &fed.broker.regions {
             args.push("--region".into());
@@ -225,8 +261,7 @@ impl LocalFederation {
             args.extend(["--retention-ms".into(), ms.to_string().into()]);
         }
         args.extend(opts.broker_args.iter().map(Into::into));
-        let standby = opts.standby || opts.topology == Topology::Cluster;
-        let brokers = (1..=if standby { 2 } else { 1 })
+        let brokers = (1..=brokers)
             .map(|n| {
                 let stem = if n == 1 {
                     "broker".to_owned()
@@ -243,6 +278,7 @@ impl LocalFederation {
             .collect();
         let mut this = LocalFederation {
             nats,
+            security,
             brokers,
             agents: Vec::new(),
             http: String::new(),
@@ -257,24 +293,18 @@ impl LocalFederation {
         this.start_broker(0)?;
         this.wait_for_broker()?;
         let relay = proxy::Relay::start(this.brokers.iter().map(|b| b.addr.clone()).collect())?;
-        this.http = format!("http://{}", relay.addr);
+        let scheme = if this.security.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        this.http = format!("{scheme}://{}", relay.addr);
         this.relay = Some(relay);
         // The standby starts once the first is active, so the first is the one that starts active.
         for slot in 1..this.brokers.len() {
             this.start_broker(slot)?;
         }
-        for site in &fed.sites {
-            let path = base.join(site);
-            let text = std::fs::read_to_string(&path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            let table = toml::from_str::<toml::Table>(&text)
-                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-            let id = table
-                .get("id")
-                .and_then(|v| v.as_str())
-                .map(str::to_owned)
-                .with_context(|| format!("{}: no site id", path.display()))?;
-            let edge = table.get("kind").and_then(|v| v.as_str()) == Some("edge");
+        for (id, path, edge) in site_ids(&fed, &base)? {
             let url = if edge && this.nats.is_cluster() {
                 this.nats.add_leaf(&id)?
             } else {
@@ -296,6 +326,61 @@ impl LocalFederation {
         self.nats.urls()
     }
 
+    /// How `identity` reaches this federation's NATS (the cluster's nodes).
+    pub fn access_as(&self, identity: &str) -> meridian_federation::access::Access {
+        let mut a = meridian_federation::access::Access::plain(self.nats.urls());
+        if let Some(s) = &self.security {
+            a.ca = Some(s.creds.join("ca.crt"));
+            a.creds = Some(s.creds.join("users").join(format!("{identity}.nk")));
+        }
+        a
+    }
+
+    /// How the operator's commands reach this federation.
+    pub fn access(&self) -> meridian_federation::access::Access {
+        self.access_as(OPERATOR)
+    }
+
+    /// The administrator's API token (`None` when insecure).
+    pub fn token(&self) -> Option<&str> {
+        self.security.as_ref().map(|s| s.token.as_str())
+    }
+
+    /// The shell lines that give another shell this federation's access (the one place its token is printed).
+    pub fn exports(&self) -> Vec<String> {
+        let a = self.access();
+        let mut lines = vec![format!("export MERIDIAN_NATS={}", a.nats)];
+        if let (Some(ca), Some(creds), Some(token)) = (&a.ca, &a.creds, self.token()) {
+            lines.push(format!("export MERIDIAN_CA={}", ca.display()));
+            lines.push(format!("export MERIDIAN_CREDS={}", creds.display()));
+            lines.push(format!("export MERIDIAN_TOKEN={token}"));
+        }
+        lines
+    }
+
+    /// Adds an identity to the running federation (the servers reload); returns its access.
+    pub fn add_identity(
+        &mut self,
+        kind: crate::creds::Kind,
+        name: &str,
+    ) -> anyhow::Result<meridian_federation::access::Access> {
+        let Some(s) = &self.security else {
+            bail!("an insecure federation has no identities");
+        };
+        crate::creds::Registry::open(&s.creds)?.add(kind, name)?;
+        self.nats.reload()?;
+        Ok(self.access_as(name))
+    }
+
+    /// Revokes an identity: the servers reload, and its connections are closed.
+    pub fn revoke_identity(&mut self, name: &str) -> anyhow::Result<()> {
+        let Some(s) = &self.security else {
+            bail!("an insecure federation has no identities");
+        };
+        crate::creds::Registry::open(&s.creds)?.revoke(name)?;
+        self.nats.reload()
+    }
+
     /// Starts the broker of a slot (it becomes active or waits as a standby).
     pub fn start_broker(&mut self, slot: usize) -> anyhow::Result<()> {
         let b = &mut self.brokers[slot];
@@ -304,16 +389,20 @@ impl LocalFederation {
             .create(true)
             .append(true)
             .open(&b.log)?;
-        b.proc = Some(Managed::spawn(
-            &b.name,
-            Command::new(&self.broker_cmd.0)
-                .args(&self.broker_cmd.1)
-                .args(["--name", &b.name])
-                .arg("--http-addr-file")
-                .arg(&b.addr)
-                .stdout(Stdio::from(log.try_clone()?))
-                .stderr(Stdio::from(log)),
-        )?);
+        let mut cmd = Command::new(&self.broker_cmd.0);
+        cmd.args(&self.broker_cmd.1)
+            .args(["--name", &b.name])
+            .arg("--http-addr-file")
+            .arg(&b.addr)
+            .stdout(Stdio::from(log.try_clone()?))
+            .stderr(Stdio::from(log));
+        if let Some(s) = &self.security {
+            // Each broker has its own identity; the token goes by the environment, never the command line.
+            cmd.arg("--creds")
+                .arg(s.creds.join("users").join(format!("{}.nk", b.name)))
+                .env("MERIDIAN_ADMIN_TOKEN", &s.token);
+        }
+        b.proc = Some(Managed::spawn(&b.name, &mut cmd)?);
         Ok(())
     }
 
@@ -381,19 +470,23 @@ impl LocalFederation {
             .create(true)
             .append(true)
             .open(self.dir.join(format!("agent-{id}.log")))?;
-        Managed::spawn(
-            &format!("agent {id}"),
-            Command::new(&self.agent_bin)
-                .arg("--config")
-                .arg(path)
-                .args(["--nats", nats])
-                .arg("--work-dir")
-                .arg(self.dir.join("agents").join(id))
-                .args(&self.agent_args)
-                .env("MERIDIAN_HEARTBEAT_MS", self.heartbeat_ms.to_string())
-                .stdout(Stdio::from(log.try_clone()?))
-                .stderr(Stdio::from(log)),
-        )
+        let mut cmd = Command::new(&self.agent_bin);
+        cmd.arg("--config")
+            .arg(path)
+            .args(["--nats", nats])
+            .arg("--work-dir")
+            .arg(self.dir.join("agents").join(id))
+            .args(&self.agent_args)
+            .env("MERIDIAN_HEARTBEAT_MS", self.heartbeat_ms.to_string())
+            .stdout(Stdio::from(log.try_clone()?))
+            .stderr(Stdio::from(log));
+        if let Some(s) = &self.security {
+            cmd.arg("--ca")
+                .arg(s.creds.join("ca.crt"))
+                .arg("--creds")
+                .arg(s.creds.join("users").join(format!("{id}.nk")));
+        }
+        Managed::spawn(&format!("agent {id}"), &mut cmd)
     }
 
     /// Kills an agent with SIGKILL, as a crash would.
@@ -424,4 +517,89 @@ impl LocalFederation {
     pub fn site_ids(&self) -> Vec<String> {
         self.agents.iter().map(|a| a.id.clone()).collect()
     }
+}
+
+/// One secured nats-server (TLS, identities, JetStream encrypted) with a broker identity, for tests of the
+/// broker's JetStream parts; returns it and the broker's access.
+pub fn secured_nats(dir: &Path) -> anyhow::Result<(Nats, meridian_federation::access::Access)> {
+    let mut reg =
+        crate::creds::Registry::init(&dir.join("creds"), "test", &["127.0.0.1".to_owned()])?;
+    let creds = reg.add(crate::creds::Kind::Broker, "broker-1")?;
+    let nats = Nats::single(
+        &dir.join("nats"),
+        Some(nats::Security {
+            creds: reg.dir().to_path_buf(),
+        }),
+    )?;
+    let access = meridian_federation::access::Access {
+        nats: nats.urls(),
+        ca: Some(reg.ca()),
+        creds: Some(creds),
+    };
+    Ok((nats, access))
+}
+
+/// The ids of the sites a federation file lists.
+fn site_ids(fed: &FederationFile, base: &Path) -> anyhow::Result<Vec<(String, PathBuf, bool)>> {
+    let mut out = Vec::new();
+    for site in &fed.sites {
+        let path = base.join(site);
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        let table = toml::from_str::<toml::Table>(&text)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        let id = table
+            .get("id")
+            .and_then(|v| v.as_str())
+            .map(str::to_owned)
+            .with_context(|| format!("{}: no site id", path.display()))?;
+        let edge = table.get("kind").and_then(|v| v.as_str()) == Some("edge");
+        out.push((id, path, edge));
+    }
+    Ok(out)
+}
+
+/// Makes a local federation's credentials: a CA and server certificate for loopback, one identity per broker
+/// and site and one for the operator, and the administrator's API token.
+fn secure(
+    dir: &Path,
+    fed: &FederationFile,
+    base: &Path,
+    brokers: usize,
+) -> anyhow::Result<LocalSecurity> {
+    use crate::creds::{Kind, Registry};
+    let creds = dir.join("creds");
+    let hosts = ["127.0.0.1".to_owned(), "localhost".to_owned()];
+    let mut reg = if creds.join("identities.json").exists() {
+        Registry::open(&creds)?
+    } else {
+        Registry::init(&creds, "local", &hosts)?
+    };
+    let mut want: Vec<(Kind, String)> = (1..=brokers)
+        .map(|n| (Kind::Broker, format!("broker-{n}")))
+        .collect();
+    want.extend(
+        site_ids(fed, base)?
+            .into_iter()
+            .map(|(id, _, _)| (Kind::Site, id)),
+    );
+    want.push((Kind::Client, OPERATOR.to_owned()));
+    for (kind, name) in want {
+        if reg.get(&name).is_none_or(|i| i.revoked_ms.is_some()) {
+            reg.add(kind, &name)?;
+        }
+    }
+    let token_file = reg.dir().join("admin.token");
+    let token = match std::fs::read_to_string(&token_file) {
+        Ok(t) => t.trim().to_owned(),
+        Err(_) => {
+            let t = crate::creds::random_hex()?;
+            crate::creds::write_secret(&token_file, &t)?;
+            t
+        }
+    };
+    Ok(LocalSecurity {
+        creds: reg.dir().to_path_buf(),
+        token,
+    })
 }

@@ -481,14 +481,14 @@ fn nats_call(subject: &str, payload: Bytes) -> Result<Call, Reply> {
         api::TENANCY => {
             let r = decode_strict::<meridian_federation::TenancyRequest>(&payload).map_err(wire)?;
             Call::Tenancy {
-                token: Some(r.token),
+                token: r.token,
                 toml: r.toml,
             }
         }
         api::JOURNAL_FORMAT => {
             let r = decode_strict::<meridian_federation::FormatRequest>(&payload).map_err(wire)?;
             Call::Format {
-                token: Some(r.token),
+                token: r.token,
                 upgrade: r.upgrade,
             }
         }

@@ -10,6 +10,46 @@ use axum::routing::{get, post};
 use axum::Router;
 use serde::Deserialize;
 
+/// Serves the API on `listener`: HTTPS when the broker has a certificate, plain HTTP otherwise (insecure).
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    h: BrokerHandle,
+    cfg: &super::BrokerConfig,
+) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let app = router(h);
+    match (&cfg.tls_cert, &cfg.tls_key) {
+        (Some(cert), Some(key)) => {
+            let tls = axum_server::tls_rustls::RustlsConfig::from_pem_file(cert, key)
+                .await
+                .with_context(|| {
+                    format!(
+                        "reading the HTTP API's certificate {} and key {}",
+                        cert.display(),
+                        key.display()
+                    )
+                })?;
+            let listener = listener.into_std()?;
+            tokio::spawn(async move {
+                let served = axum_server::from_tcp_rustls(listener, tls)
+                    .serve(app.into_make_service())
+                    .await;
+                if let Err(e) = served {
+                    tracing::error!("HTTP API stopped: {e}");
+                }
+            });
+        }
+        _ => {
+            tokio::spawn(async move {
+                if let Err(e) = axum::serve(listener, app).await {
+                    tracing::error!("HTTP API stopped: {e}");
+                }
+            });
+        }
+    }
+    Ok(())
+}
+
 pub fn router(h: BrokerHandle) -> Router {
     Router::new()
         .route("/v1/jobs", post(submit).get(list_jobs))

@@ -28,9 +28,19 @@ use tokio::sync::{mpsc, oneshot};
 /// Settings of `meridian broker`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct BrokerConfig {
-    /// NATS server URL.
-    #[arg(long, env = "MERIDIAN_NATS", default_value = "nats://127.0.0.1:4222")]
-    pub nats: String,
+    /// NATS servers, their CA and this broker's identity.
+    #[command(flatten)]
+    pub access: meridian_federation::access::Access,
+    /// The HTTP API's certificate (PEM); with `--tls-key`, the API speaks HTTPS.
+    #[arg(long, env = "MERIDIAN_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// The HTTP API certificate's private key (PEM).
+    #[arg(long, env = "MERIDIAN_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// Run without TLS, a NATS identity and API tokens, every caller an administrator: only for measuring
+    /// what security costs on a closed machine. Without it the broker refuses to start unsecured.
+    #[arg(long)]
+    pub insecure: bool,
     /// Address of the HTTP API (port 0 picks a free port).
     #[arg(long, default_value = "127.0.0.1:7070")]
     pub http: String,
@@ -195,8 +205,39 @@ fn load_rtt(cfg: &BrokerConfig) -> anyhow::Result<RttTable> {
     }
 }
 
+/// What a broker needs to run secured, as one error naming everything missing.
+fn check_secured(cfg: &BrokerConfig) -> anyhow::Result<()> {
+    if cfg.insecure {
+        tracing::warn!(
+            "running INSECURE: no TLS, no NATS identity, every API caller is an administrator"
+        );
+        return Ok(());
+    }
+    let mut missing = Vec::new();
+    if cfg.access.ca.is_none() {
+        missing.push("--ca (MERIDIAN_CA): the CA that signs the NATS servers");
+    }
+    if cfg.access.creds.is_none() {
+        missing.push("--creds (MERIDIAN_CREDS): this broker's NKey seed from `meridian creds add broker NAME`");
+    }
+    if cfg.admin_token.as_deref().is_none_or(str::is_empty) {
+        missing.push("--admin-token (MERIDIAN_ADMIN_TOKEN): the administrator's API token");
+    }
+    if cfg.tls_cert.is_none() || cfg.tls_key.is_none() {
+        missing.push("--tls-cert and --tls-key: the HTTP API's certificate");
+    }
+    if !missing.is_empty() {
+        anyhow::bail!(
+            "a broker runs secured, and these are missing:\n  {}\n(or pass --insecure, for measurements on a closed machine only)",
+            missing.join("\n  ")
+        );
+    }
+    Ok(())
+}
+
 /// Runs the broker until SIGINT or SIGTERM.
 pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
+    check_secured(&cfg)?;
     let regions = load_regions(&cfg)?;
     let rtt = load_rtt(&cfg)?;
     tracing::info!(
@@ -234,8 +275,9 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
         }
         None => None,
     };
-    let client = async_nats::ConnectOptions::new()
-        .name("meridian broker")
+    let client = cfg
+        .access
+        .options("meridian broker")?
         .retry_on_initial_connect()
         .max_reconnects(None)
         .event_callback(move |event| {
@@ -253,10 +295,17 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
                 tracing::info!("NATS: {event}");
             }
         })
-        .connect(meridian_federation::nats_servers(&cfg.nats))
+        .connect(meridian_federation::nats_servers(&cfg.access.nats))
         .await
-        .with_context(|| format!("connecting to {}", cfg.nats))?;
-    tracing::info!("connected to {}", cfg.nats);
+        .with_context(|| format!("connecting to {}", cfg.access.display_url()))?;
+    tracing::info!(
+        "connected to {} as {}",
+        cfg.access.display_url(),
+        cfg.access
+            .identity()
+            .as_deref()
+            .unwrap_or("an anonymous user")
+    );
 
     let name = cfg.name.clone().unwrap_or_else(|| {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
@@ -390,18 +439,20 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding the HTTP API to {}", cfg.http))?;
     let addr = listener.local_addr()?;
-    tracing::info!("HTTP API on http://{addr}");
+    tracing::info!(
+        "HTTP API on {}://{addr}",
+        if cfg.tls_cert.is_some() {
+            "https"
+        } else {
+            "http"
+        }
+    );
     if let Some(path) = &cfg.http_addr_file {
         let tmp = path.with_extension("tmp");
         std::fs::write(&tmp, addr.to_string())?;
         std::fs::rename(&tmp, path)?;
     }
-    let app = http::router(handle.clone());
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!("HTTP API stopped: {e}");
-        }
-    });
+    http::serve(listener, handle.clone(), &cfg).await?;
 
     // Ask agents for their adverts: after a restart the broker knows no sites.
     let hello = encode(&BrokerHello {

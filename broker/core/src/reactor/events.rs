@@ -85,6 +85,21 @@ pub enum Event {
     UpgradeFormat {
         to: u32,
     },
+    /// An administrator created an API token (only its hash is kept). (Format 3.)
+    TokenCreated(crate::access::TokenRecord),
+    /// An administrator revoked an API token: it is refused from now on. (Format 3.)
+    TokenRevoked {
+        id: String,
+    },
+    /// An administrator revoked a site (its credential was revoked too): it is lost now, its work requeued, and
+    /// nothing it sends is taken until it is restored. (Format 3.)
+    SiteRevoked {
+        site: SiteId,
+    },
+    /// An administrator let a revoked site back in (it was enrolled again with a new credential). (Format 3.)
+    SiteRestored {
+        site: SiteId,
+    },
 }
 
 /// A message for the shell to send.
@@ -126,6 +141,10 @@ pub enum StepError {
     /// The tenant's budget refuses the job (retryable in the next budget period).
     #[error("{0}")]
     OverBudget(String),
+    /// The sender may not say this: a site speaking of an attempt another site holds, or a revoked site (not
+    /// retryable; counted and audited by the shell).
+    #[error("{0}")]
+    Refused(String),
     /// The journal could not take the step (retryable).
     #[error(transparent)]
     Journal(#[from] JournalError),
@@ -138,6 +157,7 @@ impl StepError {
             StepError::Invalid { .. } => ErrorCode::Invalid,
             StepError::Conflict(_) => ErrorCode::Conflict,
             StepError::OverBudget(_) => ErrorCode::OverBudget,
+            StepError::Refused(_) => ErrorCode::Forbidden,
             StepError::Journal(_) => ErrorCode::Unavailable,
         }
     }

@@ -19,6 +19,8 @@ pub use state::State;
 
 /// The first durable format in which decisions made from liveness are journaled (see [`Event::SiteLost`]).
 pub const JOURNALED_DECISIONS: u32 = 2;
+/// The first durable format with API tokens and revoked sites.
+pub const SECURITY_FORMAT: u32 = 3;
 
 use crate::durable::{Batch, FORMAT_VERSION};
 use crate::journal::{Journal, Record};
@@ -202,6 +204,7 @@ impl<J: Journal> Reactor<J> {
 
     /// Refuses events that would not change state, before anything is journaled.
     fn check(&self, now: Millis, event: &Event) -> Result<(), StepError> {
+        self.check_sender(event)?;
         match event {
             Event::Submit(spec) => {
                 // Time-dependent checks happen here, before the journal; replay never repeats them. (A known
@@ -302,8 +305,73 @@ impl<J: Journal> Reactor<J> {
                     field: "tenancy".into(),
                     problem: e.to_string(),
                 }),
+            Event::TokenCreated(_)
+            | Event::TokenRevoked { .. }
+            | Event::SiteRevoked { .. }
+            | Event::SiteRestored { .. }
+                if self.state.format() < SECURITY_FORMAT =>
+            {
+                Err(StepError::Invalid {
+                    field: "format".into(),
+                    problem: format!(
+                        "tokens and site revocation are kept from durable format {SECURITY_FORMAT}; the journal is in format {}: run `meridian journal upgrade-format` once every broker runs this release",
+                        self.state.format()
+                    ),
+                })
+            }
+            Event::TokenCreated(t) => {
+                if let Some(problem) = t.problem() {
+                    return Err(StepError::Invalid {
+                        field: "token".into(),
+                        problem,
+                    });
+                }
+                if self.state.tokens.contains_key(&t.id) {
+                    return Err(StepError::Conflict(format!("token id {} is taken", t.id)));
+                }
+                Ok(())
+            }
+            Event::TokenRevoked { id } => match self.state.tokens.get(id) {
+                Some(_) => Ok(()),
+                None => Err(StepError::NotFound {
+                    what: format!("token {id}"),
+                }),
+            },
             _ => Ok(()),
         }
+    }
+
+    /// The broker checks the sender: what a site says is taken only from a site that is not revoked, and about
+    /// an attempt only from the site that holds it. (Its subject, which its credential alone may publish on,
+    /// named the site; the shell checked that the body names the same one.)
+    fn check_sender(&self, event: &Event) -> Result<(), StepError> {
+        let site = match event {
+            Event::Advert(a) => &a.site.id,
+            Event::Heartbeat(h) => &h.site,
+            Event::Status(s) => &s.site,
+            Event::Inventory { site, .. } => site,
+            _ => return Ok(()),
+        };
+        if self.state.revoked_sites.contains(site) {
+            return Err(StepError::Refused(format!(
+                "site {site} is revoked: nothing it sends is taken"
+            )));
+        }
+        if let Event::Status(s) = event {
+            let holder = self
+                .state
+                .jobs
+                .get(&s.job)
+                .and_then(|j| j.runs.iter().find(|r| r.attempt == s.attempt))
+                .map(|r| &r.site);
+            if let Some(holder) = holder.filter(|h| *h != &s.site) {
+                return Err(StepError::Refused(format!(
+                    "site {} spoke of attempt {} of job {}, which site {holder} holds",
+                    s.site, s.attempt, s.job
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Whether the event changes durable state. Heartbeats, adverts that repeat a known generation and ticks
@@ -410,6 +478,29 @@ impl<J: Journal> Reactor<J> {
             Event::Archived { jobs } => {
                 self.on_archived(now, &jobs);
                 Response::Done
+            }
+            Event::TokenCreated(t) => {
+                self.state.tokens.insert(t.id.clone(), t);
+                self.state.tokens_generation += 1;
+                Response::Done
+            }
+            Event::TokenRevoked { id } => {
+                if let Some(t) = self.state.tokens.get_mut(&id) {
+                    t.revoked_ms.get_or_insert(now);
+                }
+                self.state.tokens_generation += 1;
+                Response::Done
+            }
+            Event::SiteRevoked { site } => {
+                self.state.revoked_sites.insert(site.clone());
+                if self.state.sites.get(&site).is_some_and(|s| s.up) {
+                    self.on_site_lost(now, &site);
+                }
+                Response::Site(site)
+            }
+            Event::SiteRestored { site } => {
+                self.state.revoked_sites.remove(&site);
+                Response::Site(site)
             }
             Event::Resume => {
                 self.resume(now);
@@ -532,6 +623,9 @@ impl<J: Journal> Reactor<J> {
             .map(|k| ((k.tenant.clone(), k.key.clone()), k))
             .collect();
         st.recent_runs = snap.recent_runs;
+        st.tokens = snap.tokens.into_iter().map(|t| (t.id.clone(), t)).collect();
+        st.tokens_generation = 1;
+        st.revoked_sites = snap.revoked_sites.into_iter().collect();
         self.state = st;
         self.refile_all();
     }

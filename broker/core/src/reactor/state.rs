@@ -72,6 +72,12 @@ pub struct State {
     pub(crate) archived_keys: HashMap<(TenantId, String), ArchivedKey>,
     /// Attempts of archived jobs that ran in the fair-share window.
     pub(crate) recent_runs: Vec<RecentRun>,
+    /// API tokens by id (hashes only), revoked ones included (their ids are never reused).
+    pub(crate) tokens: BTreeMap<String, crate::access::TokenRecord>,
+    /// Sites an administrator revoked: nothing they send is taken.
+    pub(crate) revoked_sites: BTreeSet<SiteId>,
+    /// Counts changes to `tokens` (not durable): the shell refreshes its table when it moves.
+    pub(crate) tokens_generation: u64,
 }
 
 impl State {
@@ -115,6 +121,21 @@ impl State {
     /// The durable format in force: the journal's batches and snapshots are written in it.
     pub fn format(&self) -> u32 {
         self.format.max(crate::durable::FIRST_FORMAT)
+    }
+
+    /// API tokens by id (revoked ones included).
+    pub fn tokens(&self) -> &BTreeMap<String, crate::access::TokenRecord> {
+        &self.tokens
+    }
+
+    /// Moves whenever a token is created or revoked.
+    pub fn tokens_generation(&self) -> u64 {
+        self.tokens_generation
+    }
+
+    /// Sites an administrator revoked.
+    pub fn revoked_sites(&self) -> &BTreeSet<SiteId> {
+        &self.revoked_sites
     }
 
     /// Why a journaled tenancy could not be read back.

@@ -8,6 +8,7 @@ mod oracle;
 mod placement;
 mod random;
 mod tenancy;
+mod trust;
 
 use crate::latency::RttTable;
 use crate::model::Site;

@@ -1,0 +1,375 @@
+//! Who may do what through the API: API tokens, their grants, and the rules every call is judged by. Pure:
+//! the shell authenticates a caller (hashing, expiry, the clock) and asks here whether the principal it found
+//! may act; the token records themselves are broker state, changed only by journaled events.
+//!
+//! A token acts for one tenant (an administrator's for all) and grants verbs per queue, as fine as Armada's:
+//! `submit`, `cancel`, `watch` (read jobs, explanations and logs) and `report`; `viewer` is watch and report on
+//! every queue; `admin` is everything, for any tenant (sites, drain, tenancy, budgets, tokens, the journal and
+//! the audit). A job of another tenant is answered as if it did not exist, so a token cannot even learn which
+//! job ids other tenants have.
+
+use meridian_federation::TenantId;
+use serde::{Deserialize, Serialize};
+
+/// What a grant allows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verb {
+    /// Submit jobs to the queue.
+    Submit,
+    /// Cancel the queue's jobs and scale in its services.
+    Cancel,
+    /// Read the queue's jobs: get, list, explain, logs.
+    Watch,
+    /// Read the tenant's metering report.
+    Report,
+}
+
+impl Verb {
+    pub const ALL: [Verb; 4] = [Verb::Submit, Verb::Cancel, Verb::Watch, Verb::Report];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verb::Submit => "submit",
+            Verb::Cancel => "cancel",
+            Verb::Watch => "watch",
+            Verb::Report => "report",
+        }
+    }
+}
+
+/// One verb on some queues of the token's tenant (every queue when `queues` is empty).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Grant {
+    pub verb: Verb,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub queues: Vec<String>,
+}
+
+impl Grant {
+    fn covers(&self, verb: Verb, queue: &str) -> bool {
+        self.verb == verb && (self.queues.is_empty() || self.queues.iter().any(|q| q == queue))
+    }
+}
+
+/// A role as written on the command line: `admin`, `viewer`, or `VERB[:QUEUE,QUEUE…]`.
+pub fn parse_role(s: &str) -> Result<Role, String> {
+    match s {
+        "admin" => Ok(Role::Admin),
+        "viewer" => Ok(Role::Grants(vec![
+            Grant {
+                verb: Verb::Watch,
+                queues: Vec::new(),
+            },
+            Grant {
+                verb: Verb::Report,
+                queues: Vec::new(),
+            },
+        ])),
+        _ => {
+            let (verb, queues) = s.split_once(':').unwrap_or((s, ""));
+            let verb = Verb::ALL
+                .into_iter()
+                .find(|v| v.as_str() == verb)
+                .ok_or_else(|| {
+                    format!("{s:?} is not a role: admin, viewer, or submit, cancel, watch, report (each optionally :QUEUE,QUEUE)")
+                })?;
+            let queues: Vec<String> = queues
+                .split(',')
+                .map(str::trim)
+                .filter(|q| !q.is_empty() && *q != "*")
+                .map(str::to_owned)
+                .collect();
+            Ok(Role::Grants(vec![Grant { verb, queues }]))
+        }
+    }
+}
+
+/// What `parse_role` reads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Role {
+    Admin,
+    Grants(Vec<Grant>),
+}
+
+/// An API token as the broker keeps it: never the secret, only its SHA-256.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenRecord {
+    /// The token's public id: the credential id in the audit (the token is `mrd_<id>_<secret>`).
+    pub id: String,
+    /// A name the administrator gave it.
+    #[serde(default)]
+    pub name: String,
+    /// Hex SHA-256 of the secret part.
+    pub hash: String,
+    /// The tenant it acts for; `None` only for administrators.
+    #[serde(default)]
+    pub tenant: Option<TenantId>,
+    #[serde(default)]
+    pub admin: bool,
+    #[serde(default)]
+    pub grants: Vec<Grant>,
+    pub created_ms: u64,
+    pub expires_ms: u64,
+    /// Who created it (a credential id).
+    #[serde(default)]
+    pub created_by: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revoked_ms: Option<u64>,
+}
+
+impl TokenRecord {
+    /// Why the record cannot be kept as it is, or `None`.
+    pub fn problem(&self) -> Option<String> {
+        let id_ok = !self.id.is_empty()
+            && self.id.len() <= 32
+            && self.id.bytes().all(|b| b.is_ascii_alphanumeric());
+        if !id_ok {
+            return Some(format!(
+                "token id {:?} must be 1 to 32 letters or digits",
+                self.id
+            ));
+        }
+        if self.hash.len() != 64 || !self.hash.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Some("the token's hash must be 64 hex digits (SHA-256)".into());
+        }
+        if self.name.len() > 128 {
+            return Some("a token's name is at most 128 characters".into());
+        }
+        if !self.admin && self.tenant.is_none() {
+            return Some(
+                "a token that is not an administrator's acts for one tenant: name it".into(),
+            );
+        }
+        if !self.admin && self.grants.is_empty() {
+            return Some(
+                "a token needs a role: admin, viewer, or submit, cancel, watch, report".into(),
+            );
+        }
+        if self.expires_ms <= self.created_ms {
+            return Some("a token must expire after it is created".into());
+        }
+        None
+    }
+
+    /// The principal this token authenticates.
+    pub fn principal(&self) -> Principal {
+        Principal {
+            id: self.id.clone(),
+            tenant: self.tenant.clone(),
+            admin: self.admin,
+            grants: self.grants.clone(),
+        }
+    }
+}
+
+/// Who is calling, once authenticated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Principal {
+    /// The credential id (a token's id, or `admin` for the broker's bootstrap token): what the audit records.
+    pub id: String,
+    pub tenant: Option<TenantId>,
+    pub admin: bool,
+    pub grants: Vec<Grant>,
+}
+
+/// Why a call is refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Denied {
+    /// Another tenant's object: answered as if it did not exist.
+    #[error("{0} not found")]
+    Hidden(String),
+    /// The token lacks a permission; the message names it.
+    #[error("{0}")]
+    Forbidden(String),
+}
+
+impl Principal {
+    /// An administrator (the broker's bootstrap token, or every caller of an insecure broker).
+    pub fn administrator(id: &str) -> Self {
+        Principal {
+            id: id.to_owned(),
+            tenant: None,
+            admin: true,
+            grants: Vec::new(),
+        }
+    }
+
+    /// Whether it may see the tenant's objects at all.
+    pub fn sees(&self, tenant: &TenantId) -> bool {
+        self.admin || self.tenant.as_ref() == Some(tenant)
+    }
+
+    /// Whether it may `verb` on `queue` of `tenant`; `what` names the object for a hidden answer.
+    pub fn may(
+        &self,
+        verb: Verb,
+        tenant: &TenantId,
+        queue: &str,
+        what: &str,
+    ) -> Result<(), Denied> {
+        if self.admin {
+            return Ok(());
+        }
+        if !self.sees(tenant) {
+            return Err(Denied::Hidden(what.to_owned()));
+        }
+        if self.grants.iter().any(|g| g.covers(verb, queue)) {
+            return Ok(());
+        }
+        Err(Denied::Forbidden(format!(
+            "token {} lacks the permission `{}` on queue {queue} of tenant {tenant}",
+            self.id,
+            verb.as_str()
+        )))
+    }
+
+    /// Submitting names its tenant in the spec: a token acting for one tenant submits only that tenant's jobs.
+    pub fn may_submit(&self, tenant: &TenantId, queue: &str) -> Result<(), Denied> {
+        if !self.admin && !self.sees(tenant) {
+            return Err(Denied::Forbidden(format!(
+                "token {} acts for tenant {}; it cannot submit a job of tenant {tenant} (the tenant of a job is its submitter's)",
+                self.id,
+                self.tenant.as_ref().map(|t| t.as_str()).unwrap_or("-")
+            )));
+        }
+        self.may(Verb::Submit, tenant, queue, "")
+    }
+
+    /// A tenant-wide verb (reports): any grant of it, on any queue.
+    pub fn may_for_tenant(&self, verb: Verb, tenant: &TenantId) -> Result<(), Denied> {
+        if self.admin {
+            return Ok(());
+        }
+        if !self.sees(tenant) {
+            return Err(Denied::Forbidden(format!(
+                "token {} acts for tenant {}, not {tenant}",
+                self.id,
+                self.tenant.as_ref().map(|t| t.as_str()).unwrap_or("-")
+            )));
+        }
+        if self.grants.iter().any(|g| g.verb == verb) {
+            return Ok(());
+        }
+        Err(Denied::Forbidden(format!(
+            "token {} lacks the permission `{}`",
+            self.id,
+            verb.as_str()
+        )))
+    }
+
+    /// An administrator's call: `what` says which.
+    pub fn must_be_admin(&self, what: &str) -> Result<(), Denied> {
+        if self.admin {
+            Ok(())
+        } else {
+            Err(Denied::Forbidden(format!(
+                "{what} needs an administrator's token; token {} is not one",
+                self.id
+            )))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: &str) -> TenantId {
+        TenantId::new(s).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn tenant_token(role: &str) -> Principal {
+        let Ok(Role::Grants(grants)) = parse_role(role) else {
+            panic!("{role}");
+        };
+        Principal {
+            id: "abc".into(),
+            tenant: Some(t("a")),
+            admin: false,
+            grants,
+        }
+    }
+
+    #[test]
+    fn another_tenants_job_is_hidden_and_a_missing_verb_is_named() {
+        let p = tenant_token("watch:train");
+        assert_eq!(p.may(Verb::Watch, &t("a"), "train", "job 1"), Ok(()));
+        assert_eq!(
+            p.may(Verb::Watch, &t("b"), "train", "job 1"),
+            Err(Denied::Hidden("job 1".into()))
+        );
+        let e = p.may(Verb::Cancel, &t("a"), "train", "job 1");
+        assert!(
+            matches!(&e, Err(Denied::Forbidden(m)) if m.contains("`cancel` on queue train")),
+            "{e:?}"
+        );
+        let e = p.may(Verb::Watch, &t("a"), "batch", "job 1");
+        assert!(
+            matches!(&e, Err(Denied::Forbidden(m)) if m.contains("queue batch")),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn a_token_submits_only_its_own_tenants_jobs() {
+        let p = tenant_token("submit");
+        assert_eq!(p.may_submit(&t("a"), "any"), Ok(()));
+        let e = p.may_submit(&t("b"), "any");
+        assert!(
+            matches!(&e, Err(Denied::Forbidden(m)) if m.contains("acts for tenant a")),
+            "{e:?}"
+        );
+        let admin = Principal::administrator("admin");
+        assert_eq!(admin.may_submit(&t("b"), "any"), Ok(()));
+    }
+
+    #[test]
+    fn roles_parse_and_bad_ones_say_what_exists() {
+        assert_eq!(parse_role("admin"), Ok(Role::Admin));
+        let Ok(Role::Grants(v)) = parse_role("viewer") else {
+            panic!()
+        };
+        assert_eq!(v.len(), 2);
+        assert_eq!(
+            parse_role("cancel:a,b"),
+            Ok(Role::Grants(vec![Grant {
+                verb: Verb::Cancel,
+                queues: vec!["a".into(), "b".into()]
+            }]))
+        );
+        assert!(parse_role("root").is_err_and(|e| e.contains("submit, cancel, watch, report")));
+        assert!(tenant_token("viewer")
+            .must_be_admin("draining a site")
+            .is_err());
+    }
+
+    #[test]
+    fn token_records_are_checked() {
+        let mut r = TokenRecord {
+            id: "abc123".into(),
+            name: String::new(),
+            hash: "0".repeat(64),
+            tenant: Some(t("a")),
+            admin: false,
+            grants: vec![Grant {
+                verb: Verb::Watch,
+                queues: vec![],
+            }],
+            created_ms: 1,
+            expires_ms: 2,
+            created_by: "admin".into(),
+            revoked_ms: None,
+        };
+        assert_eq!(r.problem(), None);
+        r.grants.clear();
+        assert!(r.problem().is_some());
+        r.admin = true;
+        r.tenant = None;
+        assert_eq!(r.problem(), None);
+        r.id = "no/slash".into();
+        assert!(r.problem().is_some());
+    }
+}

@@ -1,0 +1,116 @@
+//! `meridian creds`: make the federation's CA and identities, list and revoke them, and write the
+//! nats-server configuration that enforces them.
+
+use super::outln;
+use crate::creds::{reload, Kind, Registry};
+use clap::Subcommand;
+use std::path::PathBuf;
+
+#[derive(Subcommand, Debug)]
+pub enum CredsCmd {
+    /// Make a new credentials folder: the federation's CA, the servers' certificate, JetStream's key.
+    Init {
+        /// Host names and addresses the servers' certificate is valid for; repeatable.
+        #[arg(long = "host", default_values_t = ["127.0.0.1".to_owned(), "localhost".to_owned()])]
+        hosts: Vec<String>,
+        /// The federation's name (in its CA's name).
+        #[arg(long, default_value = "meridian")]
+        name: String,
+    },
+    /// Add an identity: a broker, a site (named by its site id) or an API client. Writes its NKey seed
+    /// (`users/<name>.nk`) and client certificate, and the servers' authorization block.
+    Add {
+        #[arg(value_enum)]
+        kind: Kind,
+        name: String,
+        /// nats-server processes to reload at once (their pids); repeatable.
+        #[arg(long = "reload")]
+        reload: Vec<i32>,
+    },
+    /// List the identities.
+    List,
+    /// Revoke an identity: it leaves the servers' authorization and its secret files are deleted. With
+    /// `--reload`, the servers drop its connections now. (A revoked site's work is requeued by the broker once
+    /// its heartbeats stop; `meridian sites revoke` does it at once.)
+    Revoke {
+        name: String,
+        /// nats-server processes to reload at once (their pids); repeatable.
+        #[arg(long = "reload")]
+        reload: Vec<i32>,
+    },
+    /// Print a complete nats-server configuration for one server: TLS with client certificates, the
+    /// identities' authorization, JetStream encrypted at rest. Print it again after `add` or `revoke`, then
+    /// reload the server.
+    ServerConfig {
+        #[arg(long, default_value = "0.0.0.0:4222")]
+        listen: String,
+        /// JetStream's store folder.
+        #[arg(long, default_value = "/var/lib/nats")]
+        store: PathBuf,
+    },
+}
+
+pub fn run(cmd: CredsCmd, dir: &std::path::Path) -> anyhow::Result<bool> {
+    match cmd {
+        CredsCmd::Init { hosts, name } => {
+            let reg = Registry::init(dir, &name, &hosts)?;
+            outln!(
+                "credentials folder {} made: CA {}",
+                dir.display(),
+                reg.ca().display()
+            );
+            outln!("next: meridian creds add broker broker-1; meridian creds add site <site-id>; meridian creds add client <name>");
+        }
+        CredsCmd::Add {
+            kind,
+            name,
+            reload: pids,
+        } => {
+            let mut reg = Registry::open(dir)?;
+            let path = reg.add(kind, &name)?;
+            reload(&pids)?;
+            outln!("{} {name}: {}", kind.as_str(), path.display());
+            outln!(
+                "give it MERIDIAN_CREDS={} and MERIDIAN_CA={}",
+                path.display(),
+                reg.ca().display()
+            );
+        }
+        CredsCmd::List => {
+            let reg = Registry::open(dir)?;
+            outln!("{:<8} {:<24} {:<10} NKEY", "KIND", "NAME", "STATE");
+            for i in reg.identities() {
+                outln!(
+                    "{:<8} {:<24} {:<10} {}",
+                    i.kind.as_str(),
+                    i.name,
+                    if i.revoked_ms.is_some() {
+                        "revoked"
+                    } else {
+                        "active"
+                    },
+                    i.nkey
+                );
+            }
+        }
+        CredsCmd::Revoke { name, reload: pids } => {
+            let mut reg = Registry::open(dir)?;
+            let kind = reg.revoke(&name)?.kind;
+            reload(&pids)?;
+            outln!(
+                "{} {name} revoked{}",
+                kind.as_str(),
+                if pids.is_empty() {
+                    "; reload the servers (nats-server --signal reload) to cut it off"
+                } else {
+                    "; servers reloaded"
+                }
+            );
+        }
+        CredsCmd::ServerConfig { listen, store } => {
+            let reg = Registry::open(dir)?;
+            super::out!("{}", reg.server_config(&listen, &store)?);
+        }
+    }
+    Ok(true)
+}
