@@ -214,6 +214,50 @@ impl Client {
     }
 }
 
+impl Client {
+    /// Creates an API token (administrators only); the reply holds the token, shown this once.
+    pub async fn token_create(
+        &self,
+        req: &meridian_federation::TokenCreateRequest,
+    ) -> anyhow::Result<meridian_federation::TokenCreated> {
+        self.call(api::TOKEN_CREATE, req).await
+    }
+
+    pub async fn tokens(&self) -> anyhow::Result<Vec<meridian_federation::TokenView>> {
+        self.call(api::TOKEN_LIST, &Empty { v: WIRE_VERSION }).await
+    }
+
+    pub async fn token_revoke(&self, id: &str) -> anyhow::Result<meridian_federation::TokenView> {
+        let req = meridian_federation::TokenRevokeRequest {
+            v: WIRE_VERSION,
+            id: id.to_owned(),
+        };
+        self.call(api::TOKEN_REVOKE, &req).await
+    }
+
+    /// Revokes a site (or lets it back in, `restore`).
+    pub async fn site_revoke(
+        &self,
+        site: &meridian_federation::SiteId,
+        restore: bool,
+    ) -> anyhow::Result<Empty> {
+        let req = meridian_federation::SiteRevokeRequest {
+            v: WIRE_VERSION,
+            site: site.clone(),
+            restore,
+        };
+        self.call(api::SITE_REVOKE, &req).await
+    }
+
+    /// A page of the audit trail.
+    pub async fn audit(
+        &self,
+        req: &meridian_federation::AuditRequest,
+    ) -> anyhow::Result<meridian_federation::AuditPage> {
+        self.call(api::AUDIT, req).await
+    }
+}
+
 fn job_ref(job: &JobId) -> JobRef {
     JobRef {
         v: WIRE_VERSION,

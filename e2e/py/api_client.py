@@ -87,6 +87,8 @@ async def main():
     out["all_submitted_listed"] = set(ids) <= set(listed)
     bad_list = await call(nc, "meridian.v1.api.jobs.list", {"v": 1, "limt": 5})
     out["bad_list_error"] = bad_list.get("error")
+    no_token = await call(nc, "meridian.v1.api.jobs.list", {"v": 1}, token="")
+    out["no_token_error"] = no_token.get("error")
     print(json.dumps(out))
     await nc.close()
 

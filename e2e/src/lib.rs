@@ -190,6 +190,14 @@ impl Fed {
             .expect("NATS connects")
     }
 
+    /// Creates an API token through the API (as the administrator); returns the token.
+    pub fn create_token(&self, tenant: Option<&str>, roles: &[&str]) -> String {
+        let body = json!({"v": 1, "tenant": tenant, "roles": roles, "name": "e2e"});
+        let (status, v) = self.post("/v1/admin/tokens", body.to_string().as_bytes());
+        assert_eq!(status, 201, "token create: {v}");
+        v["ok"]["token"].as_str().expect("a token").to_owned()
+    }
+
     /// The project's API client as the operator, with the administrator's token.
     pub async fn client(&self) -> meridian_broker::client::Client {
         meridian_broker::client::Client::connect(&self.fed.access(), self.token.clone())
@@ -403,6 +411,36 @@ impl Api<'_> {
         Fed::read(
             self.fed.authorized(req, self.token.as_deref()).send(body),
             "POST",
+        )
+    }
+
+    /// `post`, with the reply's headers (names in lower case).
+    pub fn post_with_headers(
+        &self,
+        path: &str,
+        body: &[u8],
+    ) -> (u16, Value, std::collections::BTreeMap<String, String>) {
+        let req = self
+            .fed
+            .agent
+            .post(&self.fed.url(path))
+            .header("content-type", "application/json");
+        let mut r = self
+            .fed
+            .authorized(req, self.token.as_deref())
+            .send(body)
+            .expect("POST");
+        let headers = r
+            .headers()
+            .iter()
+            .map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or("").to_owned()))
+            .collect();
+        let status = r.status().as_u16();
+        let text = r.body_mut().read_to_string().expect("body");
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+            headers,
         )
     }
 

@@ -129,8 +129,9 @@ fn each_bad_input_gets_its_error_and_changes_nothing() {
     );
 }
 
-/// nats-py, a client that is not the project's code, drives the documented NATS API: a misspelt field is
-/// refused with its path, jobs are submitted and listed page by page.
+/// nats-py, a client that is not the project's code, drives the documented NATS API with TLS, its NKey and a
+/// tenant's token: a misspelt field is refused with its path, jobs are submitted and listed page by page, and a
+/// call without a token is refused.
 #[test]
 fn a_third_party_client_uses_the_nats_api() {
     let f = Fed::generated(&[SiteSpec::new("only", "owned", "A100", 4, 1.0)], "");
@@ -140,7 +141,12 @@ fn a_third_party_client_uses_the_nats_api() {
         "{} is missing: run scripts/setup.sh (it installs nats-py)",
         python.display()
     );
-    let out = python_client(&f, &python).output().unwrap();
+    // A tenant's token, as a team using the API would hold.
+    let token = f.create_token(Some("py"), &["submit", "watch"]);
+    let out = python_client(&f, &python)
+        .env("MERIDIAN_TOKEN", &token)
+        .output()
+        .unwrap();
     assert!(
         out.status.success(),
         "{}{}",
@@ -157,6 +163,7 @@ fn a_third_party_client_uses_the_nats_api() {
     assert!(seen["pages"].as_u64().unwrap() >= 5, "{seen}");
     assert_eq!(seen["all_submitted_listed"], true);
     assert_eq!(seen["bad_list_error"]["field"], "limt", "{seen}");
+    assert_eq!(seen["no_token_error"]["code"], "unauthenticated", "{seen}");
 }
 
 /// The Python client, given the federation's access the way `meridian up` prints it (environment variables).

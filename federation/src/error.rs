@@ -76,8 +76,12 @@ pub enum ErrorCode {
     Conflict,
     /// The tenant's budget would be exceeded.
     OverBudget,
-    /// The call needs the administrator's token.
+    /// The caller's token lacks a permission the call needs (the message names it).
     Forbidden,
+    /// No token, or one that is unknown, expired or revoked.
+    Unauthenticated,
+    /// Too many calls from this tenant or site: slow down (`retry_after_ms` says for how long).
+    RateLimited,
     /// The path exists, but not with this HTTP method.
     MethodNotAllowed,
     Unavailable,
@@ -94,6 +98,8 @@ impl ErrorCode {
             ErrorCode::Conflict => 409,
             ErrorCode::OverBudget => 402,
             ErrorCode::Forbidden => 403,
+            ErrorCode::Unauthenticated => 401,
+            ErrorCode::RateLimited => 429,
             ErrorCode::MethodNotAllowed => 405,
             ErrorCode::Unavailable => 503,
             ErrorCode::Internal => 500,
@@ -109,6 +115,9 @@ pub struct ErrorBody {
     #[serde(default)]
     pub field: Option<String>,
     pub message: String,
+    /// With `rate_limited`: when to try again, ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
 }
 
 impl ErrorBody {
@@ -117,6 +126,7 @@ impl ErrorBody {
             code,
             field,
             message: message.into(),
+            retry_after_ms: None,
         }
     }
 }

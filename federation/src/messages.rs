@@ -872,6 +872,115 @@ fn yes() -> bool {
     true
 }
 
+/// Create an API token (an administrator's call). The reply holds the token itself, the one time it is shown.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenCreateRequest {
+    #[serde(default = "v1")]
+    pub v: u32,
+    /// The tenant it acts for (not for `admin`).
+    #[serde(default)]
+    pub tenant: Option<TenantId>,
+    /// `admin`, `viewer`, or `submit`, `cancel`, `watch`, `report`, each optionally `:QUEUE,QUEUE`.
+    pub roles: Vec<String>,
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Valid for this long from now (default 90 days, at most 2 years).
+    #[serde(default)]
+    pub expires_in_s: Option<u64>,
+}
+
+/// A token as the API shows it: never the secret.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenView {
+    pub id: String,
+    pub name: String,
+    pub tenant: Option<TenantId>,
+    pub roles: Vec<String>,
+    pub created_ms: u64,
+    pub expires_ms: u64,
+    pub created_by: String,
+    pub revoked: bool,
+}
+
+/// The answer to a token's creation: the token (`mrd_<id>_<secret>`), shown this once, and its record.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenCreated {
+    pub token: String,
+    pub view: TokenView,
+}
+
+/// Revoke an API token, by id.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenRevokeRequest {
+    #[serde(default = "v1")]
+    pub v: u32,
+    pub id: String,
+}
+
+/// Revoke a site (it is lost now and nothing it sends is taken), or let it back in (`restore`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SiteRevokeRequest {
+    #[serde(default = "v1")]
+    pub v: u32,
+    pub site: SiteId,
+    #[serde(default)]
+    pub restore: bool,
+}
+
+/// Read the audit trail (an administrator's call): entries from `since_ms`, optionally of one credential.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditRequest {
+    #[serde(default = "v1")]
+    pub v: u32,
+    #[serde(default)]
+    pub since_ms: Option<u64>,
+    /// A credential id (a token id, `admin`, or `site:<id>`).
+    #[serde(default)]
+    pub who: Option<String>,
+    /// The stream sequence to go on from (a page's `next`).
+    #[serde(default)]
+    pub after_seq: Option<u64>,
+    #[serde(default)]
+    pub limit: Option<u32>,
+}
+
+/// One audited action or refusal.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditEntry {
+    pub at_ms: u64,
+    /// The credential id: a token's id, `admin` (the broker's bootstrap token), `site:<id>`, or `anonymous`.
+    pub who: String,
+    /// What was done: `submit`, `cancel`, `drain`, `scale_in`, `tenancy`, `token_create`, `site_revoke`, ...
+    pub action: String,
+    /// What it was done to (a job, site, token, tenant), when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    /// `ok`, or why it was refused.
+    pub outcome: String,
+    /// Identical refusals within one interval are one entry with their count.
+    #[serde(default = "one_u64", skip_serializing_if = "is_one")]
+    pub count: u64,
+    /// With `count` > 1: the last of them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until_ms: Option<u64>,
+}
+
+fn one_u64() -> u64 {
+    1
+}
+
+fn is_one(n: &u64) -> bool {
+    *n == 1
+}
+
+/// A page of the audit trail.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditPage {
+    pub entries: Vec<AuditEntry>,
+    /// The `after_seq` of the next page, when there may be more.
+    pub next: Option<u64>,
+}
+
 /// An empty request (list calls).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Empty {
@@ -1001,6 +1110,9 @@ pub struct JobPage {
 pub struct JobView {
     pub job: JobId,
     pub tenant: TenantId,
+    /// The queue the job named (permissions of queue-scoped tokens apply to it; `default` when none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
     pub name: Option<String>,
     pub kind: JobKind,
     pub phase: JobPhase,

@@ -89,6 +89,11 @@ pub fn archived_job(job: &crate::JobId) -> String {
 pub const LEDGER_STREAM: &str = "MERIDIAN_LEDGER";
 pub const LEDGER: &str = "meridian.v1.ledger";
 
+/// The audit trail: one message per journal batch with the audited actions it held, and one per interval with
+/// the refusals counted in it (each a JSON array of [`crate::AuditEntry`]).
+pub const AUDIT_STREAM: &str = "MERIDIAN_AUDIT";
+pub const AUDIT: &str = "meridian.v1.audit";
+
 /// Broker → all agents: [`crate::BrokerHello`]; agents answer by sending their advert.
 pub const BROKER_HELLO: &str = "meridian.v1.broker.hello";
 
@@ -119,6 +124,16 @@ pub mod api {
     /// Read or upgrade the journal's durable format, with the administrator's token (`FormatRequest` →
     /// `FormatView`).
     pub const JOURNAL_FORMAT: &str = "meridian.v1.api.admin.journal.format";
+    /// Create an API token (`TokenCreateRequest` → `TokenCreated`): administrators only.
+    pub const TOKEN_CREATE: &str = "meridian.v1.api.admin.tokens.create";
+    /// List API tokens (`Empty` → `Vec<TokenView>`): administrators only.
+    pub const TOKEN_LIST: &str = "meridian.v1.api.admin.tokens.list";
+    /// Revoke an API token (`TokenRevokeRequest` → `TokenView`): administrators only.
+    pub const TOKEN_REVOKE: &str = "meridian.v1.api.admin.tokens.revoke";
+    /// Revoke a site or let it back in (`SiteRevokeRequest` → `Empty`): administrators only.
+    pub const SITE_REVOKE: &str = "meridian.v1.api.admin.sites.revoke";
+    /// Read the audit trail (`AuditRequest` → `AuditPage`): administrators only.
+    pub const AUDIT: &str = "meridian.v1.api.admin.audit";
     /// All API subjects, for the broker's subscription.
     pub const ALL: &str = "meridian.v1.api.>";
 }

@@ -541,6 +541,50 @@ impl Validate for DrainRequest {
     }
 }
 
+impl Validate for TokenCreateRequest {
+    versioned!(TokenCreateRequest);
+
+    fn validate(&self) -> R {
+        if self.roles.is_empty() || self.roles.len() > 32 {
+            return Err(WireError::invalid(
+                "roles",
+                "name 1 to 32 roles: admin, viewer, or submit, cancel, watch, report (optionally :QUEUE,QUEUE)",
+            ));
+        }
+        if let Some(n) = &self.name {
+            name("name", n, 128)?;
+        }
+        Ok(())
+    }
+}
+
+impl Validate for TokenRevokeRequest {
+    versioned!(TokenRevokeRequest);
+
+    fn validate(&self) -> R {
+        name("id", &self.id, 32)
+    }
+}
+
+impl Validate for SiteRevokeRequest {
+    versioned!(SiteRevokeRequest);
+
+    fn validate(&self) -> R {
+        Ok(())
+    }
+}
+
+impl Validate for AuditRequest {
+    versioned!(AuditRequest);
+
+    fn validate(&self) -> R {
+        if let Some(w) = &self.who {
+            name("who", w, 128)?;
+        }
+        Ok(())
+    }
+}
+
 impl Validate for Empty {
     versioned!(Empty);
 

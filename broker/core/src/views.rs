@@ -57,6 +57,7 @@ pub fn job_view(
     JobView {
         job: job.id.clone(),
         tenant: job.spec.tenant.clone(),
+        queue: job.spec.queue.clone(),
         name: job.spec.name.clone(),
         kind: job.spec.kind,
         phase: job.phase,

@@ -81,6 +81,30 @@ pub enum ClientCmd {
         #[arg(value_enum)]
         action: JournalAction,
     },
+    /// API tokens (administrators): `create --tenant T --role ROLE…`, `list`, `revoke ID`.
+    Token {
+        #[command(subcommand)]
+        what: TokenCmd,
+    },
+    /// Revoke a site (it is lost at once, its work requeued, and nothing it sends is taken; revoke its NATS
+    /// credential too, with `meridian creds revoke`), or let it back in with `--restore`.
+    RevokeSite {
+        site: SiteId,
+        #[arg(long)]
+        restore: bool,
+    },
+    /// The audit trail (administrators): who did what, when, and how it ended; refusals counted.
+    Audit {
+        /// From this instant (UTC, `YYYY-MM-DDTHH:MMZ`).
+        #[arg(long, value_parser = crate::sim::parse_instant)]
+        since: Option<u64>,
+        /// One credential: a token id, `admin`, or `site:<id>`.
+        #[arg(long)]
+        who: Option<String>,
+        /// At most this many entries.
+        #[arg(long, default_value_t = 1000)]
+        limit: usize,
+    },
     /// The metering ledger per tenant, site and accelerator model: accelerator-hours, USD, kWh (PUE included),
     /// kgCO2e, queue wait and attempts, for the attempts offered in a window.
     Report {
@@ -93,6 +117,29 @@ pub enum ClientCmd {
         #[arg(long, value_parser = crate::sim::parse_instant)]
         to: Option<u64>,
     },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TokenCmd {
+    /// Create a token; it is printed once (only its hash is kept).
+    Create {
+        /// The tenant it acts for (not with `--role admin`).
+        #[arg(long)]
+        tenant: Option<TenantId>,
+        /// `admin`, `viewer`, or `submit`, `cancel`, `watch`, `report`, each optionally `:QUEUE,QUEUE`;
+        /// repeatable.
+        #[arg(long = "role", required = true)]
+        roles: Vec<String>,
+        #[arg(long)]
+        name: Option<String>,
+        /// Valid for this many days.
+        #[arg(long, default_value_t = 90)]
+        days: u64,
+    },
+    /// List tokens (never their secrets).
+    List,
+    /// Revoke a token by id: refused from now on.
+    Revoke { id: String },
 }
 
 fn parse_phase(s: &str) -> Result<JobPhase, String> {
@@ -207,6 +254,72 @@ pub async fn run(cmd: ClientCmd, connect: &ConnectArgs, out: Output) -> anyhow::
                 return Ok(true);
             }
             print(out, &r, render::report_table)
+        }
+        ClientCmd::Token { what } => match what {
+            TokenCmd::Create {
+                tenant,
+                roles,
+                name,
+                days,
+            } => {
+                let req = meridian_federation::TokenCreateRequest {
+                    v: meridian_federation::WIRE_VERSION,
+                    tenant,
+                    roles,
+                    name,
+                    expires_in_s: Some(days.saturating_mul(86_400)),
+                };
+                let t = client.token_create(&req).await?;
+                print(out, &t, |t| {
+                    outln!("{}", t.token);
+                    eprintln!(
+                        "token {} ({}) made; it is shown this once",
+                        t.view.id,
+                        t.view.roles.join(", ")
+                    );
+                })
+            }
+            TokenCmd::List => {
+                let tokens = client.tokens().await?;
+                print(out, &tokens, |t| render::tokens(t))
+            }
+            TokenCmd::Revoke { id } => {
+                let t = client.token_revoke(&id).await?;
+                print(out, &t, |t| outln!("token {} revoked", t.id))
+            }
+        },
+        ClientCmd::RevokeSite { site, restore } => {
+            let r = client.site_revoke(&site, restore).await?;
+            print(out, &r, |_| {
+                outln!(
+                    "site {site} {}",
+                    if restore {
+                        "restored"
+                    } else {
+                        "revoked: lost now, its work requeued"
+                    }
+                )
+            })
+        }
+        ClientCmd::Audit { since, who, limit } => {
+            let mut req = meridian_federation::AuditRequest {
+                v: meridian_federation::WIRE_VERSION,
+                since_ms: since,
+                who,
+                ..Default::default()
+            };
+            let mut entries = Vec::new();
+            while entries.len() < limit {
+                req.limit = Some((limit - entries.len()).min(5_000) as u32);
+                let page = client.audit(&req).await?;
+                entries.extend(page.entries);
+                match page.next {
+                    Some(n) => req.after_seq = Some(n),
+                    None => break,
+                }
+            }
+            entries.truncate(limit);
+            print(out, &entries, |e| render::audit(e))
         }
         ClientCmd::Drain { site, undo } => {
             let s = client.drain(&site, !undo).await?;

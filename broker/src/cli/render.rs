@@ -228,3 +228,71 @@ pub fn placement_summary(f: &crate::bench::PlacementFigures) -> String {
         f.sites, f.decisions_per_s, f.p50_us, f.p99_us, f.full_scan_p50_us, f.full_scan_p99_us, f.placed_share * 100.0
     )
 }
+
+pub fn tokens(tokens: &[meridian_federation::TokenView]) {
+    outln!(
+        "{:<14} {:<16} {:<14} {:<8} {:<20} ROLES",
+        "ID",
+        "NAME",
+        "TENANT",
+        "STATE",
+        "EXPIRES (UTC)"
+    );
+    for t in tokens {
+        outln!(
+            "{:<14} {:<16} {:<14} {:<8} {:<20} {}",
+            t.id,
+            t.name,
+            t.tenant.as_ref().map_or("(all)", |t| t.as_str()),
+            if t.revoked { "revoked" } else { "active" },
+            utc(t.expires_ms),
+            t.roles.join(" ")
+        );
+    }
+}
+
+pub fn audit(entries: &[meridian_federation::AuditEntry]) {
+    outln!(
+        "{:<20} {:<24} {:<14} {:<36} OUTCOME",
+        "AT (UTC)",
+        "WHO",
+        "ACTION",
+        "TARGET"
+    );
+    for e in entries {
+        let count = if e.count > 1 {
+            format!(
+                " (x{} until {})",
+                e.count,
+                utc(e.until_ms.unwrap_or(e.at_ms))
+            )
+        } else {
+            String::new()
+        };
+        outln!(
+            "{:<20} {:<24} {:<14} {:<36} {}{count}",
+            utc(e.at_ms),
+            e.who,
+            e.action,
+            e.target.as_deref().unwrap_or("-"),
+            e.outcome
+        );
+    }
+}
+
+/// `YYYY-MM-DD HH:MM:SS` of milliseconds since the epoch.
+fn utc(ms: u64) -> String {
+    time::OffsetDateTime::from_unix_timestamp((ms / 1000) as i64)
+        .map(|t| {
+            format!(
+                "{:04}-{:02}-{:02} {:02}:{:02}:{:02}",
+                t.year(),
+                u8::from(t.month()),
+                t.day(),
+                t.hour(),
+                t.minute(),
+                t.second()
+            )
+        })
+        .unwrap_or_else(|_| ms.to_string())
+}

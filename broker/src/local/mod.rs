@@ -51,11 +51,15 @@ pub struct BrokerSection {
 }
 
 impl FederationFile {
+    /// Reads a federation file's text (paths in it stay relative).
+    pub fn parse(text: &str) -> anyhow::Result<Self> {
+        Ok(toml::from_str(text)?)
+    }
+
     pub fn load(path: &Path) -> anyhow::Result<(Self, PathBuf)> {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let file: FederationFile =
-            toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        let file = Self::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
         let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
         Ok((file, base))
     }

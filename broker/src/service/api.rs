@@ -1,14 +1,16 @@
 //! The API's one implementation, served over NATS request-reply and HTTP alike. Every call answers with an
 //! [`ApiReply`] body and an HTTP status; bad input gets an error that names the field and the problem.
 
+use super::authz;
 use super::{Answer, BrokerHandle, Query};
 use bytes::Bytes;
 use futures::StreamExt;
+use meridian_core::access::{Denied, Principal, Verb};
 use meridian_core::reactor::{Event, Response, StepError};
 use meridian_federation::subjects::{self, SiteTopic};
 use meridian_federation::{
     decode, decode_strict, encode, ApiReply, DrainRequest, Empty, ErrorBody, ErrorCode, JobId,
-    JobRef, JobSpec, LogsReply, LogsRequest, SiteId, WireError, WIRE_VERSION,
+    JobRef, JobSpec, JobView, LogsReply, LogsRequest, SiteId, WireError, WIRE_VERSION,
 };
 use serde::Serialize;
 use std::time::Duration;
@@ -26,16 +28,43 @@ pub enum Call {
     Drain(String, bool),
     ScaleIn(Bytes),
     Report(Bytes),
-    /// Read or replace the tenancy: the caller's token, and the new tenancy file's text.
-    Tenancy {
-        token: Option<String>,
-        toml: Option<String>,
-    },
+    /// Read the tenancy, or replace it with a tenancy file's text.
+    Tenancy(Option<String>),
     /// Read the journal's durable format, or upgrade it to the newest this broker knows.
     Format {
-        token: Option<String>,
         upgrade: bool,
     },
+    TokenCreate(Bytes),
+    TokenList,
+    TokenRevoke(String),
+    /// Revoke a site, or (`true`) let it back in.
+    SiteRevoke(String, bool),
+    Audit(Bytes),
+}
+
+impl Call {
+    /// The call's name in the audit.
+    fn action(&self) -> &'static str {
+        match self {
+            Call::Submit(_) => "submit",
+            Call::ListJobs(_) => "list_jobs",
+            Call::GetJob(_) => "get_job",
+            Call::Explain(_) => "explain",
+            Call::Cancel(_) => "cancel",
+            Call::Logs(..) => "logs",
+            Call::ListSites => "list_sites",
+            Call::Drain(..) => "drain",
+            Call::ScaleIn(_) => "scale_in",
+            Call::Report(_) => "report",
+            Call::Tenancy(_) => "tenancy",
+            Call::Format { .. } => "journal_format",
+            Call::TokenCreate(_) => "token_create",
+            Call::TokenList => "token_list",
+            Call::TokenRevoke(_) => "token_revoke",
+            Call::SiteRevoke(..) => "site_revoke",
+            Call::Audit(_) => "audit",
+        }
+    }
 }
 
 /// The HTTP status and JSON body of a reply.
@@ -82,41 +111,96 @@ fn job_id(s: &str) -> Result<JobId, Reply> {
     JobId::new(s).map_err(|p| error(ErrorBody::new(ErrorCode::Invalid, Some("job".into()), p)))
 }
 
-/// Whether `token` is the administrator's (compared in constant time).
-fn admin(h: &BrokerHandle, token: Option<&str>) -> Result<(), Reply> {
-    let forbidden = |why: &str| {
-        Err(error(ErrorBody::new(
-            ErrorCode::Forbidden,
-            Some("token".into()),
-            why.to_owned(),
-        )))
+/// Carries out one call for the caller a bearer token names: authenticated, rate-limited, then judged by
+/// the caller's permissions. Every refusal is audited.
+pub async fn call(h: &BrokerHandle, bearer: Option<&str>, c: Call) -> Reply {
+    let now = super::now_ms();
+    let action = c.action();
+    let who = match h.auth.authenticate(bearer, now) {
+        Ok(p) => p,
+        Err(e) => {
+            h.audit.refused(now, "anonymous", action, &e.message);
+            return error(e);
+        }
     };
-    let Some(want) = h.admin_token.as_deref() else {
-        return forbidden("no administrator token is configured on this broker (--admin-token)");
-    };
-    let Some(got) = token else {
-        return forbidden("this call needs the administrator's token");
-    };
-    let (a, b) = (want.as_bytes(), got.as_bytes());
-    let diff = a.len() ^ b.len()
-        | a.iter()
-            .zip(b.iter().cycle())
-            .fold(0usize, |acc, (x, y)| acc | usize::from(x ^ y));
-    if diff != 0 || b.is_empty() {
-        return forbidden("wrong administrator token");
+    if let Err(wait) = h.auth.admit(&who) {
+        h.audit.refused(now, &who.id, action, "rate limited");
+        let whose = who
+            .tenant
+            .as_ref()
+            .map_or_else(|| who.id.clone(), |t| format!("tenant {t}"));
+        return error(super::auth::slow_down(wait, &whose));
     }
-    Ok(())
+    let reply = call_as(h, &who, c).await;
+    // Refusals of changes are audited in the reactor task; those of reads here.
+    if matches!(reply.0, 401 | 403 | 404) && !changes(action) {
+        let why = decode::<ApiReply<()>>(&reply.1)
+            .ok()
+            .and_then(|r| r.into_result().err())
+            .map(|e| e.message)
+            .unwrap_or_default();
+        if reply.0 != 404 || !who.admin {
+            h.audit.refused(now, &who.id, action, &why);
+        }
+    }
+    reply
 }
 
-/// Carries out one call.
-pub async fn call(h: &BrokerHandle, c: Call) -> Reply {
+/// Calls that change state (their refusals are audited with the change).
+fn changes(action: &str) -> bool {
+    matches!(
+        action,
+        "submit"
+            | "cancel"
+            | "drain"
+            | "scale_in"
+            | "token_create"
+            | "token_revoke"
+            | "site_revoke"
+    )
+}
+
+fn denied(d: Denied) -> Reply {
+    match d {
+        Denied::Hidden(what) => not_found(what),
+        Denied::Forbidden(why) => error(ErrorBody::new(ErrorCode::Forbidden, None, why)),
+    }
+}
+
+/// Whether the caller may read a job (as a view says it is): another tenant's is "not found".
+fn may_watch(who: &Principal, v: &JobView) -> Result<(), Reply> {
+    who.may(
+        Verb::Watch,
+        &v.tenant,
+        authz::queue_of(v.queue.as_deref()),
+        &format!("job {}", v.job),
+    )
+    .map_err(denied)
+}
+
+/// A job's view, live or archived, if the caller may read it.
+async fn watched_job(h: &BrokerHandle, who: &Principal, id: &JobId) -> Result<JobView, Reply> {
+    let view = match h.query(Query::Job(id.clone())).await {
+        Some(Answer::Job(Some(v))) => v,
+        Some(_) => match h.archive.job(id).await {
+            Ok(Some(a)) => a.view,
+            Ok(None) => return Err(not_found(format!("job {id}"))),
+            Err(e) => return Err(archive_unavailable(e)),
+        },
+        None => return Err(unavailable()),
+    };
+    may_watch(who, &view)?;
+    Ok(view)
+}
+
+async fn call_as(h: &BrokerHandle, who: &Principal, c: Call) -> Reply {
     match c {
         Call::Submit(body) => {
             let spec = match decode_strict::<JobSpec>(&body) {
                 Ok(s) => s,
                 Err(e) => return wire(e),
             };
-            match h.step(Event::Submit(spec)).await {
+            match h.step_as(who, Event::Submit(spec)).await {
                 Ok(Response::Submitted(r)) => ok(if r.created { 201 } else { 200 }, r),
                 Ok(other) => error(ErrorBody::new(
                     ErrorCode::Internal,
@@ -127,10 +211,28 @@ pub async fn call(h: &BrokerHandle, c: Call) -> Reply {
             }
         }
         Call::Report(body) => {
-            let req = match decode_strict::<meridian_federation::ReportRequest>(&body) {
+            let mut req = match decode_strict::<meridian_federation::ReportRequest>(&body) {
                 Ok(r) => r,
                 Err(e) => return wire(e),
             };
+            if !who.admin {
+                // A tenant's token reads its own tenant's report.
+                let own = who.tenant.clone();
+                if let (Some(asked), Some(own)) = (&req.tenant, &own) {
+                    if asked != own {
+                        return denied(Denied::Forbidden(format!(
+                            "token {} acts for tenant {own}; it cannot read tenant {asked}'s report",
+                            who.id
+                        )));
+                    }
+                }
+                req.tenant = own;
+            }
+            if let Some(t) = &req.tenant {
+                if let Err(d) = who.may_for_tenant(Verb::Report, t) {
+                    return denied(d);
+                }
+            }
             match h.query(Query::Ledger).await {
                 Some(Answer::Ledger(mut entries)) => match h.archive.ledger().await {
                     Ok(archived) => {
@@ -142,18 +244,16 @@ pub async fn call(h: &BrokerHandle, c: Call) -> Reply {
                 _ => unavailable(),
             }
         }
-        Call::Tenancy { token, toml } => {
-            if let Err(r) = admin(h, token.as_deref()) {
-                return r;
+        Call::Tenancy(toml) => {
+            if let Err(d) = who.must_be_admin("the tenancy") {
+                return denied(d);
             }
             if let Some(toml) = toml {
-                if let Err(e) = h
-                    .step(Event::SetTenancy {
-                        toml,
-                        from_file: false,
-                    })
-                    .await
-                {
+                let event = Event::SetTenancy {
+                    toml,
+                    from_file: false,
+                };
+                if let Err(e) = h.step_as(who, event).await {
                     return step_error(e);
                 }
             }
@@ -162,13 +262,13 @@ pub async fn call(h: &BrokerHandle, c: Call) -> Reply {
                 _ => unavailable(),
             }
         }
-        Call::Format { token, upgrade } => {
-            if let Err(r) = admin(h, token.as_deref()) {
-                return r;
+        Call::Format { upgrade } => {
+            if let Err(d) = who.must_be_admin("the journal's format") {
+                return denied(d);
             }
             let newest = meridian_core::durable::FORMAT_VERSION;
             if upgrade {
-                if let Err(e) = h.step(Event::UpgradeFormat { to: newest }).await {
+                if let Err(e) = h.step_as(who, Event::UpgradeFormat { to: newest }).await {
                     return step_error(e);
                 }
             }
@@ -180,7 +280,7 @@ pub async fn call(h: &BrokerHandle, c: Call) -> Reply {
             }
         }
         Call::ListJobs(body) => {
-            let req = if body.is_empty() {
+            let mut req = if body.is_empty() {
                 meridian_federation::JobListRequest::default()
             } else {
                 match decode_strict::<meridian_federation::JobListRequest>(&body) {
@@ -188,21 +288,33 @@ pub async fn call(h: &BrokerHandle, c: Call) -> Reply {
                     Err(e) => return wire(e),
                 }
             };
-            list_jobs(h, req).await
+            if !who.admin {
+                let own = who.tenant.clone();
+                if let (Some(asked), Some(own)) = (&req.tenant, &own) {
+                    if asked != own {
+                        return denied(Denied::Forbidden(format!(
+                            "token {} acts for tenant {own}; it cannot list tenant {asked}'s jobs",
+                            who.id
+                        )));
+                    }
+                }
+                req.tenant = own;
+                if let Some(t) = &req.tenant {
+                    if let Err(d) = who.may_for_tenant(Verb::Watch, t) {
+                        return denied(d);
+                    }
+                }
+            }
+            list_jobs(h, who, req).await
         }
         Call::GetJob(id) => {
             let id = match job_id(&id) {
                 Ok(id) => id,
                 Err(r) => return r,
             };
-            match h.query(Query::Job(id.clone())).await {
-                Some(Answer::Job(Some(v))) => ok(200, v),
-                Some(_) => match h.archive.job(&id).await {
-                    Ok(Some(a)) => ok(200, a.view),
-                    Ok(None) => not_found(format!("job {id}")),
-                    Err(e) => archive_unavailable(e),
-                },
-                None => unavailable(),
+            match watched_job(h, who, &id).await {
+                Ok(v) => ok(200, v),
+                Err(r) => r,
             }
         }
         Call::Explain(id) => {
@@ -210,6 +322,9 @@ pub async fn call(h: &BrokerHandle, c: Call) -> Reply {
                 Ok(id) => id,
                 Err(r) => return r,
             };
+            if let Err(r) = watched_job(h, who, &id).await {
+                return r;
+            }
             match h.query(Query::Explain(id.clone())).await {
                 Some(Answer::Explain(Some(v))) => ok(200, v),
                 Some(_) => match h.archive.job(&id).await {
@@ -225,7 +340,7 @@ pub async fn call(h: &BrokerHandle, c: Call) -> Reply {
                 Ok(id) => id,
                 Err(r) => return r,
             };
-            match h.step(Event::Cancel(id.clone())).await {
+            match h.step_as(who, Event::Cancel(id.clone())).await {
                 Ok(_) => match h.query(Query::Job(id.clone())).await {
                     Some(Answer::Job(Some(v))) => ok(200, v),
                     _ => not_found(format!("job {id}")),
@@ -238,6 +353,9 @@ pub async fn call(h: &BrokerHandle, c: Call) -> Reply {
                 Ok(id) => id,
                 Err(r) => return r,
             };
+            if let Err(r) = watched_job(h, who, &id).await {
+                return r;
+            }
             logs(h, id, lines).await
         }
         Call::ListSites => match h.query(Query::Sites).await {
@@ -254,7 +372,7 @@ pub async fn call(h: &BrokerHandle, c: Call) -> Reply {
                 service: r.service,
                 remove: r.remove,
             };
-            match h.step(event).await {
+            match h.step_as(who, event).await {
                 Ok(Response::Stopping(stopping)) => {
                     ok(200, meridian_federation::ScaleInReply { stopping })
                 }
@@ -271,13 +389,11 @@ pub async fn call(h: &BrokerHandle, c: Call) -> Reply {
                 Ok(s) => s,
                 Err(p) => return error(ErrorBody::new(ErrorCode::Invalid, Some("site".into()), p)),
             };
-            match h
-                .step(Event::Drain {
-                    site: site.clone(),
-                    drain,
-                })
-                .await
-            {
+            let event = Event::Drain {
+                site: site.clone(),
+                drain,
+            };
+            match h.step_as(who, event).await {
                 Ok(_) => match h.query(Query::Sites).await {
                     Some(Answer::Sites(v)) => match v.into_iter().find(|s| s.site == site) {
                         Some(s) => ok(200, s),
@@ -288,6 +404,166 @@ pub async fn call(h: &BrokerHandle, c: Call) -> Reply {
                 Err(e) => step_error(e),
             }
         }
+        Call::TokenCreate(body) => {
+            let req = match decode_strict::<meridian_federation::TokenCreateRequest>(&body) {
+                Ok(r) => r,
+                Err(e) => return wire(e),
+            };
+            create_token(h, who, req).await
+        }
+        Call::TokenList => {
+            if let Err(d) = who.must_be_admin("listing API tokens") {
+                return denied(d);
+            }
+            match h.query(Query::Tokens).await {
+                Some(Answer::Tokens(tokens)) => {
+                    ok(200, tokens.iter().map(token_view).collect::<Vec<_>>())
+                }
+                _ => unavailable(),
+            }
+        }
+        Call::TokenRevoke(id) => {
+            match h.step_as(who, Event::TokenRevoked { id: id.clone() }).await {
+                Ok(_) => match h.query(Query::Tokens).await {
+                    Some(Answer::Tokens(tokens)) => match tokens.iter().find(|t| t.id == id) {
+                        Some(t) => ok(200, token_view(t)),
+                        None => not_found(format!("token {id}")),
+                    },
+                    _ => unavailable(),
+                },
+                Err(e) => step_error(e),
+            }
+        }
+        Call::SiteRevoke(site, restore) => {
+            let site = match SiteId::new(site) {
+                Ok(s) => s,
+                Err(p) => return error(ErrorBody::new(ErrorCode::Invalid, Some("site".into()), p)),
+            };
+            let event = if restore {
+                Event::SiteRestored { site }
+            } else {
+                Event::SiteRevoked { site }
+            };
+            match h.step_as(who, event).await {
+                Ok(_) => ok(200, Empty { v: WIRE_VERSION }),
+                Err(e) => step_error(e),
+            }
+        }
+        Call::Audit(body) => {
+            if let Err(d) = who.must_be_admin("reading the audit") {
+                return denied(d);
+            }
+            let req = if body.is_empty() {
+                meridian_federation::AuditRequest::default()
+            } else {
+                match decode_strict::<meridian_federation::AuditRequest>(&body) {
+                    Ok(r) => r,
+                    Err(e) => return wire(e),
+                }
+            };
+            match h.audit.read(&req).await {
+                Ok(page) => ok(200, page),
+                Err(e) => error(ErrorBody::new(
+                    ErrorCode::Unavailable,
+                    None,
+                    format!("the audit could not be read: {e:#}"),
+                )),
+            }
+        }
+    }
+}
+
+/// Tokens live 90 days unless asked otherwise, at most two years.
+const TOKEN_DEFAULT_S: u64 = 90 * 24 * 3600;
+const TOKEN_MAX_S: u64 = 2 * 365 * 24 * 3600;
+
+/// Makes a token: a new id and secret; only the secret's hash is journaled. The reply shows the token once.
+async fn create_token(
+    h: &BrokerHandle,
+    who: &Principal,
+    req: meridian_federation::TokenCreateRequest,
+) -> Reply {
+    use meridian_core::access::{parse_role, Role, TokenRecord};
+    let bad = |field: &str, why: String| {
+        error(ErrorBody::new(ErrorCode::Invalid, Some(field.into()), why))
+    };
+    let mut admin = false;
+    let mut grants = Vec::new();
+    for r in &req.roles {
+        match parse_role(r) {
+            Ok(Role::Admin) => admin = true,
+            Ok(Role::Grants(g)) => grants.extend(g),
+            Err(e) => return bad("roles", e),
+        }
+    }
+    if admin && req.tenant.is_some() {
+        return bad(
+            "tenant",
+            "an administrator's token acts for every tenant: leave the tenant out".into(),
+        );
+    }
+    if !admin && req.tenant.is_none() {
+        return bad(
+            "tenant",
+            "a token that is not an administrator's acts for one tenant: name it".into(),
+        );
+    }
+    let life = req.expires_in_s.unwrap_or(TOKEN_DEFAULT_S);
+    if life == 0 || life > TOKEN_MAX_S {
+        return bad(
+            "expires_in_s",
+            format!("must be between 1 s and {TOKEN_MAX_S} s (two years)"),
+        );
+    }
+    let (id, secret, token) = match super::auth::new_token() {
+        Ok(t) => t,
+        Err(e) => return error(ErrorBody::new(ErrorCode::Internal, None, e.to_string())),
+    };
+    let now = super::now_ms();
+    let record = TokenRecord {
+        id,
+        name: req.name.unwrap_or_default(),
+        hash: super::auth::hash_secret(&secret),
+        tenant: req.tenant,
+        admin,
+        grants,
+        created_ms: now,
+        expires_ms: now.saturating_add(life.saturating_mul(1000)),
+        created_by: who.id.clone(),
+        revoked_ms: None,
+    };
+    let view = token_view(&record);
+    match h.step_as(who, Event::TokenCreated(record)).await {
+        Ok(_) => ok(201, meridian_federation::TokenCreated { token, view }),
+        Err(e) => step_error(e),
+    }
+}
+
+/// How the API shows a token: never its secret or hash.
+fn token_view(t: &meridian_core::access::TokenRecord) -> meridian_federation::TokenView {
+    let mut roles: Vec<String> = t
+        .grants
+        .iter()
+        .map(|g| {
+            if g.queues.is_empty() {
+                g.verb.as_str().to_owned()
+            } else {
+                format!("{}:{}", g.verb.as_str(), g.queues.join(","))
+            }
+        })
+        .collect();
+    if t.admin {
+        roles.insert(0, "admin".into());
+    }
+    meridian_federation::TokenView {
+        id: t.id.clone(),
+        name: t.name.clone(),
+        tenant: t.tenant.clone(),
+        roles,
+        created_ms: t.created_ms,
+        expires_ms: t.expires_ms,
+        created_by: t.created_by.clone(),
+        revoked: t.revoked_ms.is_some(),
     }
 }
 
@@ -308,7 +584,11 @@ const PAGE_BYTES: usize = 768 * 1024;
 /// is `live:<job>` or `archived:<sequence>`.
 ///
 /// [`JobListRequest`]: meridian_federation::JobListRequest
-async fn list_jobs(h: &BrokerHandle, req: meridian_federation::JobListRequest) -> Reply {
+async fn list_jobs(
+    h: &BrokerHandle,
+    who: &Principal,
+    req: meridian_federation::JobListRequest,
+) -> Reply {
     use meridian_federation::{JobPage, JobScope};
     let limit = req.limit.map_or(DEFAULT_PAGE, |l| l as usize);
     enum At {
@@ -349,6 +629,7 @@ async fn list_jobs(h: &BrokerHandle, req: meridian_federation::JobListRequest) -
                 after: after.clone(),
                 limit,
                 filter: req.clone(),
+                who: who.clone(),
             })
             .await
         else {
@@ -385,7 +666,8 @@ async fn list_jobs(h: &BrokerHandle, req: meridian_federation::JobListRequest) -
                     && req.state.is_none_or(|p| p == v.phase)
                     && req.site.as_ref().is_none_or(|s| v.site.as_ref() == Some(s))
                     && req.from_ms.is_none_or(|f| v.submitted_at_ms >= f)
-                    && req.to_ms.is_none_or(|t| v.submitted_at_ms < t);
+                    && req.to_ms.is_none_or(|t| v.submitted_at_ms < t)
+                    && may_watch(who, &v).is_ok();
                 if pass {
                     if !fits(&v, &mut bytes) {
                         return false;
@@ -459,8 +741,19 @@ pub async fn serve_nats(h: BrokerHandle, mut sub: async_nats::Subscriber) {
         };
         let h = h.clone();
         tokio::spawn(async move {
+            let header = m
+                .headers
+                .as_ref()
+                .and_then(|hs| hs.get(crate::client::AUTHORIZATION))
+                .map(|v| v.as_str().to_owned());
             let (_, body) = match nats_call(m.subject.as_str(), m.payload) {
-                Ok(c) => call(&h, c).await,
+                Ok((c, body_token)) => {
+                    let bearer = header
+                        .as_deref()
+                        .and_then(|v| v.strip_prefix("Bearer "))
+                        .or(body_token.as_deref());
+                    call(&h, bearer, c).await
+                }
                 Err(r) => r,
             };
             let _ = h.client.publish(reply_to, Bytes::from(body)).await;
@@ -468,30 +761,42 @@ pub async fn serve_nats(h: BrokerHandle, mut sub: async_nats::Subscriber) {
     }
 }
 
-fn nats_call(subject: &str, payload: Bytes) -> Result<Call, Reply> {
+/// The call a NATS request makes, and a token its body carried (clients of the previous release sent the
+/// administrator's token in the body of the tenancy and format calls; the `Authorization` header is the way).
+fn nats_call(subject: &str, payload: Bytes) -> Result<(Call, Option<String>), Reply> {
     use subjects::api;
     let job = |p: &Bytes| {
         decode_strict::<JobRef>(p)
             .map(|r| r.job.to_string())
             .map_err(wire)
     };
-    Ok(match subject {
-        api::SUBMIT => Call::Submit(payload),
-        api::REPORT => Call::Report(payload),
+    let call = match subject {
         api::TENANCY => {
             let r = decode_strict::<meridian_federation::TenancyRequest>(&payload).map_err(wire)?;
-            Call::Tenancy {
-                token: r.token,
-                toml: r.toml,
-            }
+            return Ok((Call::Tenancy(r.toml), r.token));
         }
         api::JOURNAL_FORMAT => {
             let r = decode_strict::<meridian_federation::FormatRequest>(&payload).map_err(wire)?;
-            Call::Format {
-                token: r.token,
-                upgrade: r.upgrade,
-            }
+            return Ok((Call::Format { upgrade: r.upgrade }, r.token));
         }
+        api::SUBMIT => Call::Submit(payload),
+        api::REPORT => Call::Report(payload),
+        api::TOKEN_CREATE => Call::TokenCreate(payload),
+        api::TOKEN_LIST => {
+            empty(&payload)?;
+            Call::TokenList
+        }
+        api::TOKEN_REVOKE => {
+            let r =
+                decode_strict::<meridian_federation::TokenRevokeRequest>(&payload).map_err(wire)?;
+            Call::TokenRevoke(r.id)
+        }
+        api::SITE_REVOKE => {
+            let r =
+                decode_strict::<meridian_federation::SiteRevokeRequest>(&payload).map_err(wire)?;
+            Call::SiteRevoke(r.site.to_string(), r.restore)
+        }
+        api::AUDIT => Call::Audit(payload),
         api::LIST_JOBS => Call::ListJobs(payload),
         api::GET_JOB => Call::GetJob(job(&payload)?),
         api::EXPLAIN => Call::Explain(job(&payload)?),
@@ -513,7 +818,8 @@ fn nats_call(subject: &str, payload: Bytes) -> Result<Call, Reply> {
                 format!("no API call at subject {other}"),
             )))
         }
-    })
+    };
+    Ok((call, None))
 }
 
 fn empty(payload: &Bytes) -> Result<(), Reply> {

@@ -4,7 +4,7 @@ use super::api::{call, Call, Reply};
 use super::BrokerHandle;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
@@ -63,6 +63,11 @@ pub fn router(h: BrokerHandle) -> Router {
         .route("/v1/admin/tenancy", get(get_tenancy).put(put_tenancy))
         .route("/v1/admin/journal/format", get(get_format))
         .route("/v1/admin/journal/upgrade-format", post(upgrade_format))
+        .route("/v1/admin/tokens", post(create_token).get(list_tokens))
+        .route("/v1/admin/tokens/{id}", axum::routing::delete(revoke_token))
+        .route("/v1/admin/sites/{id}/revoke", post(revoke_site))
+        .route("/v1/admin/sites/{id}/restore", post(restore_site))
+        .route("/v1/admin/audit", get(audit))
         .fallback(no_route)
         .layer(DefaultBodyLimit::max(
             meridian_federation::MAX_MESSAGE_BYTES + 1,
@@ -115,22 +120,67 @@ async fn json_errors(response: Response) -> Response {
 }
 
 fn respond((status, body): Reply) -> Response {
-    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+    let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = (
+        code,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.clone(),
+    )
+        .into_response();
+    match status {
+        // Refused for want of a token: say how to authenticate.
+        401 => {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer"),
+            );
+        }
+        // Rate-limited: say when to try again, in whole seconds.
+        429 => {
+            let wait_ms = serde_json::from_slice::<meridian_federation::ApiReply<()>>(&body)
+                .ok()
+                .and_then(|r| r.into_result().err())
+                .and_then(|e| e.retry_after_ms)
+                .unwrap_or(1000);
+            if let Ok(v) =
+                axum::http::HeaderValue::from_str(&wait_ms.div_ceil(1000).max(1).to_string())
+            {
+                response.headers_mut().insert(header::RETRY_AFTER, v);
+            }
+        }
+        _ => {}
+    }
+    response
 }
 
-async fn submit(State(h): State<BrokerHandle>, body: Bytes) -> Response {
-    respond(call(&h, Call::Submit(body)).await)
+/// The bearer token of an `Authorization` header.
+fn bearer(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get(header::AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .strip_prefix("Bearer ")
+        .map(str::to_owned)
+}
+
+/// Carries out a call for the caller the request's token names.
+async fn run(h: &BrokerHandle, headers: &HeaderMap, c: Call) -> Response {
+    respond(call(h, bearer(headers).as_deref(), c).await)
+}
+
+async fn submit(State(h): State<BrokerHandle>, headers: HeaderMap, body: Bytes) -> Response {
+    run(&h, &headers, Call::Submit(body)).await
 }
 
 /// `GET /v1/jobs?cursor=…&limit=…&scope=…&tenant=…&state=…&site=…&from_ms=…&to_ms=…`: the parameters become a
 /// `JobListRequest`, checked like any body.
 async fn list_jobs(
     State(h): State<BrokerHandle>,
+    headers: HeaderMap,
     Query(q): Query<std::collections::BTreeMap<String, String>>,
 ) -> Response {
     let body = query_body(q, &["limit", "from_ms", "to_ms"]);
-    respond(call(&h, Call::ListJobs(body)).await)
+    run(&h, &headers, Call::ListJobs(body)).await
 }
 
 /// Query parameters as the JSON body of the same call (numbers where the call takes numbers), so they are
@@ -150,16 +200,28 @@ fn query_body(q: std::collections::BTreeMap<String, String>, numeric: &[&str]) -
     Bytes::from(serde_json::to_vec(&body).unwrap_or_default())
 }
 
-async fn get_job(State(h): State<BrokerHandle>, Path(id): Path<String>) -> Response {
-    respond(call(&h, Call::GetJob(id)).await)
+async fn get_job(
+    State(h): State<BrokerHandle>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    run(&h, &headers, Call::GetJob(id)).await
 }
 
-async fn cancel(State(h): State<BrokerHandle>, Path(id): Path<String>) -> Response {
-    respond(call(&h, Call::Cancel(id)).await)
+async fn cancel(
+    State(h): State<BrokerHandle>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    run(&h, &headers, Call::Cancel(id)).await
 }
 
-async fn explain(State(h): State<BrokerHandle>, Path(id): Path<String>) -> Response {
-    respond(call(&h, Call::Explain(id)).await)
+async fn explain(
+    State(h): State<BrokerHandle>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    run(&h, &headers, Call::Explain(id)).await
 }
 
 #[derive(Deserialize)]
@@ -170,99 +232,92 @@ struct LinesParam {
 
 async fn logs(
     State(h): State<BrokerHandle>,
+    headers: HeaderMap,
     Path(id): Path<String>,
     Query(q): Query<LinesParam>,
 ) -> Response {
-    respond(call(&h, Call::Logs(id, q.lines.unwrap_or(100))).await)
+    run(&h, &headers, Call::Logs(id, q.lines.unwrap_or(100))).await
 }
 
 /// `GET /v1/report?tenant=T&from_ms=A&to_ms=B`: the parameters become a `ReportRequest`, checked like any
 /// body (a bad value is named in the error).
 async fn report(
     State(h): State<BrokerHandle>,
+    headers: HeaderMap,
     Query(q): Query<std::collections::BTreeMap<String, String>>,
 ) -> Response {
     let bytes = query_body(q, &["from_ms", "to_ms"]);
-    respond(call(&h, Call::Report(bytes)).await)
+    run(&h, &headers, Call::Report(bytes)).await
 }
 
-/// The bearer token of an `Authorization` header.
-fn bearer(headers: &axum::http::HeaderMap) -> Option<String> {
-    headers
-        .get(axum::http::header::AUTHORIZATION)?
-        .to_str()
-        .ok()?
-        .strip_prefix("Bearer ")
-        .map(str::to_owned)
+async fn get_tenancy(State(h): State<BrokerHandle>, headers: HeaderMap) -> Response {
+    run(&h, &headers, Call::Tenancy(None)).await
 }
 
-async fn get_tenancy(State(h): State<BrokerHandle>, headers: axum::http::HeaderMap) -> Response {
-    respond(
-        call(
-            &h,
-            Call::Tenancy {
-                token: bearer(&headers),
-                toml: None,
-            },
-        )
-        .await,
-    )
-}
-
-async fn get_format(State(h): State<BrokerHandle>, headers: axum::http::HeaderMap) -> Response {
-    let token = bearer(&headers);
-    respond(
-        call(
-            &h,
-            Call::Format {
-                token,
-                upgrade: false,
-            },
-        )
-        .await,
-    )
+async fn get_format(State(h): State<BrokerHandle>, headers: HeaderMap) -> Response {
+    run(&h, &headers, Call::Format { upgrade: false }).await
 }
 
 /// `POST /v1/admin/journal/upgrade-format`: write the journal in the newest durable format from now on.
-async fn upgrade_format(State(h): State<BrokerHandle>, headers: axum::http::HeaderMap) -> Response {
-    let token = bearer(&headers);
-    respond(
-        call(
-            &h,
-            Call::Format {
-                token,
-                upgrade: true,
-            },
-        )
-        .await,
-    )
+async fn upgrade_format(State(h): State<BrokerHandle>, headers: HeaderMap) -> Response {
+    run(&h, &headers, Call::Format { upgrade: true }).await
 }
 
-/// `PUT /v1/admin/tenancy`: the body is the new tenancy file (TOML); `Authorization: Bearer TOKEN`.
-async fn put_tenancy(
-    State(h): State<BrokerHandle>,
-    headers: axum::http::HeaderMap,
-    body: Bytes,
-) -> Response {
+/// `PUT /v1/admin/tenancy`: the body is the new tenancy file (TOML).
+async fn put_tenancy(State(h): State<BrokerHandle>, headers: HeaderMap, body: Bytes) -> Response {
     let toml = String::from_utf8_lossy(&body).into_owned();
-    respond(
-        call(
-            &h,
-            Call::Tenancy {
-                token: bearer(&headers),
-                toml: Some(toml),
-            },
-        )
-        .await,
-    )
+    run(&h, &headers, Call::Tenancy(Some(toml))).await
 }
 
-async fn scale_in(State(h): State<BrokerHandle>, body: Bytes) -> Response {
-    respond(call(&h, Call::ScaleIn(body)).await)
+async fn scale_in(State(h): State<BrokerHandle>, headers: HeaderMap, body: Bytes) -> Response {
+    run(&h, &headers, Call::ScaleIn(body)).await
 }
 
-async fn list_sites(State(h): State<BrokerHandle>) -> Response {
-    respond(call(&h, Call::ListSites).await)
+async fn list_sites(State(h): State<BrokerHandle>, headers: HeaderMap) -> Response {
+    run(&h, &headers, Call::ListSites).await
+}
+
+/// `POST /v1/admin/tokens`: a `TokenCreateRequest`; the reply shows the token once.
+async fn create_token(State(h): State<BrokerHandle>, headers: HeaderMap, body: Bytes) -> Response {
+    run(&h, &headers, Call::TokenCreate(body)).await
+}
+
+async fn list_tokens(State(h): State<BrokerHandle>, headers: HeaderMap) -> Response {
+    run(&h, &headers, Call::TokenList).await
+}
+
+async fn revoke_token(
+    State(h): State<BrokerHandle>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    run(&h, &headers, Call::TokenRevoke(id)).await
+}
+
+async fn revoke_site(
+    State(h): State<BrokerHandle>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    run(&h, &headers, Call::SiteRevoke(id, false)).await
+}
+
+async fn restore_site(
+    State(h): State<BrokerHandle>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    run(&h, &headers, Call::SiteRevoke(id, true)).await
+}
+
+/// `GET /v1/admin/audit?since_ms=…&who=…&after_seq=…&limit=…`.
+async fn audit(
+    State(h): State<BrokerHandle>,
+    headers: HeaderMap,
+    Query(q): Query<std::collections::BTreeMap<String, String>>,
+) -> Response {
+    let body = query_body(q, &["since_ms", "after_seq", "limit"]);
+    run(&h, &headers, Call::Audit(body)).await
 }
 
 #[derive(Deserialize)]
@@ -276,26 +331,25 @@ fn yes() -> bool {
     true
 }
 
-async fn drain(State(h): State<BrokerHandle>, Path(id): Path<String>, body: Bytes) -> Response {
+async fn drain(
+    State(h): State<BrokerHandle>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Response {
     let drain = if body.is_empty() {
         true
     } else {
         match serde_json::from_slice::<DrainBody>(&body) {
             Ok(b) => b.drain,
             Err(e) => {
-                return respond((
-                    400,
-                    serde_json::to_vec(&meridian_federation::ApiReply::<()>::err(
-                        meridian_federation::ErrorBody::new(
-                            meridian_federation::ErrorCode::Malformed,
-                            None,
-                            format!("drain body: {e}"),
-                        ),
-                    ))
-                    .unwrap_or_default(),
-                ))
+                return respond(super::api::error(meridian_federation::ErrorBody::new(
+                    meridian_federation::ErrorCode::Malformed,
+                    None,
+                    format!("drain body: {e}"),
+                )))
             }
         }
     };
-    respond(call(&h, Call::Drain(id, drain)).await)
+    run(&h, &headers, Call::Drain(id, drain)).await
 }

@@ -4,6 +4,9 @@
 
 pub mod api;
 pub mod archive;
+pub mod audit;
+pub mod auth;
+pub mod authz;
 pub mod http;
 pub mod journal;
 pub mod lease;
@@ -11,6 +14,7 @@ pub mod lease;
 use anyhow::Context;
 use bytes::Bytes;
 use futures::StreamExt;
+use meridian_core::access::Principal;
 use meridian_core::journal::BufferJournal;
 use meridian_core::latency::RttTable;
 use meridian_core::reactor::{Command, CoreConfig, Event, Reactor, Response, StepError};
@@ -87,6 +91,18 @@ pub struct BrokerConfig {
     /// Finished jobs stay in the live state this long, then move to the archive (JetStream), ms.
     #[arg(long, default_value_t = 600_000)]
     pub retention_ms: u64,
+    /// API calls per second per tenant (a token bucket; 0 turns the limit off). Administrators are not limited.
+    #[arg(long, default_value_t = 200)]
+    pub tenant_rate: u32,
+    /// Calls a tenant may make at once above its rate.
+    #[arg(long, default_value_t = 400)]
+    pub tenant_burst: u32,
+    /// Messages per second per site: adverts, heartbeats, statuses (0 turns the limit off).
+    #[arg(long, default_value_t = 2_000)]
+    pub site_rate: u32,
+    /// Messages a site may send at once above its rate.
+    #[arg(long, default_value_t = 10_000)]
+    pub site_burst: u32,
 }
 
 fn parse_region(s: &str) -> Result<(String, PathBuf), String> {
@@ -112,6 +128,8 @@ pub enum Query {
         after: Option<JobId>,
         limit: usize,
         filter: meridian_federation::JobListRequest,
+        /// Only the jobs the caller may read.
+        who: Principal,
     },
     Job(JobId),
     Explain(JobId),
@@ -123,6 +141,8 @@ pub enum Query {
     Tenancy,
     /// The journal's durable format in force.
     Format,
+    /// The API tokens.
+    Tokens,
 }
 
 #[derive(Debug)]
@@ -135,10 +155,17 @@ pub enum Answer {
     Ledger(Vec<meridian_core::ledger::LedgerEntry>),
     Tenancy(Option<String>),
     Format(u32),
+    Tokens(Vec<meridian_core::access::TokenRecord>),
 }
 
 enum Input {
-    Event(Event, Option<oneshot::Sender<Result<Response, StepError>>>),
+    Event {
+        event: Event,
+        /// The API caller asking for the change (judged and audited in the reactor task); `None` for what
+        /// sites and the broker's own clock say.
+        caller: Option<Principal>,
+        reply: Option<oneshot::Sender<Result<Response, StepError>>>,
+    },
     Query(Query, oneshot::Sender<Answer>),
 }
 
@@ -149,19 +176,32 @@ pub struct BrokerHandle {
     pub client: async_nats::Client,
     /// Finished jobs that left the live state.
     pub archive: archive::Archive,
-    /// The administrator's token (admin calls are refused without one).
-    pub admin_token: Option<std::sync::Arc<str>>,
+    /// Who is calling, and whether too fast.
+    pub auth: std::sync::Arc<auth::Auth>,
+    /// The audit trail.
+    pub audit: audit::Audit,
 }
 
 impl BrokerHandle {
-    pub async fn step(&self, event: Event) -> Result<Response, StepError> {
-        self.step_queued(event).await.map_err(|_| stopped())?
+    /// A change an API caller asks for: judged against their permissions, then applied, then audited.
+    pub async fn step_as(&self, who: &Principal, event: Event) -> Result<Response, StepError> {
+        let (tx, rx) = oneshot::channel();
+        let _ = self.tx.send(Input::Event {
+            event,
+            caller: Some(who.clone()),
+            reply: Some(tx),
+        });
+        rx.await.map_err(|_| stopped())?
     }
 
     /// Queues an event now (events are applied in the order they are queued); the answer comes later.
     pub fn step_queued(&self, event: Event) -> oneshot::Receiver<Result<Response, StepError>> {
         let (tx, rx) = oneshot::channel();
-        let _ = self.tx.send(Input::Event(event, Some(tx)));
+        let _ = self.tx.send(Input::Event {
+            event,
+            caller: None,
+            reply: Some(tx),
+        });
         rx
     }
 
@@ -172,7 +212,11 @@ impl BrokerHandle {
     }
 
     fn feed(&self, event: Event) {
-        let _ = self.tx.send(Input::Event(event, None));
+        let _ = self.tx.send(Input::Event {
+            event,
+            caller: None,
+            reply: None,
+        });
     }
 }
 
@@ -411,11 +455,30 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
         archive::Archive::open(client.clone(), cfg.replicas)
     })
     .await?;
+    let audit = patiently("the audit", || {
+        audit::Audit::open(client.clone(), cfg.replicas)
+    })
+    .await?;
+    let (tokens_tx, tokens_rx) = tokio::sync::watch::channel(tokens_of(&reactor));
+    let auth = auth::Auth::new(
+        cfg.insecure,
+        cfg.admin_token.as_deref(),
+        tokens_rx,
+        auth::Rate {
+            per_s: cfg.tenant_rate,
+            burst: cfg.tenant_burst,
+        },
+        auth::Rate {
+            per_s: cfg.site_rate,
+            burst: cfg.site_burst,
+        },
+    );
     let handle = BrokerHandle {
         archive: archive.clone(),
         tx,
         client: client.clone(),
-        admin_token: cfg.admin_token.as_deref().map(std::sync::Arc::from),
+        auth: std::sync::Arc::new(auth),
+        audit,
     };
     let reactor_task = tokio::spawn(reactor_loop(
         reactor,
@@ -425,6 +488,7 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
         rx,
         connected,
         handle.clone(),
+        tokens_tx,
         Duration::from_millis(cfg.tick_ms.max(10)),
         Duration::from_millis(cfg.offer_timeout_ms),
     ));
@@ -487,6 +551,11 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The API tokens of the state, for the API front ends.
+fn tokens_of(reactor: &Reactor<BufferJournal>) -> auth::Tokens {
+    std::sync::Arc::new(reactor.state().tokens().clone())
+}
+
 fn records_in(batches: &[meridian_core::durable::Batch]) -> usize {
     batches.iter().map(|b| b.records.len()).sum()
 }
@@ -521,6 +590,24 @@ async fn spawn_site_listener(handle: &BrokerHandle, topic: SiteTopic) -> anyhow:
             let Some((site, _)) = subjects::parse_site(&m.subject) else {
                 continue;
             };
+            if let Err(wait) = h.auth.admit_site(site.as_str()) {
+                h.audit.refused(
+                    now_ms(),
+                    &format!("site:{site}"),
+                    topic.as_str(),
+                    "rate limited",
+                );
+                if let Some(reply) = m.reply {
+                    let body = meridian_federation::ApiReply::<()>::err(auth::slow_down(
+                        wait,
+                        &format!("site {site}"),
+                    ));
+                    if let Ok(body) = encode(&body) {
+                        let _ = h.client.publish(reply, Bytes::from(body)).await;
+                    }
+                }
+                continue;
+            }
             let event = match topic {
                 SiteTopic::Advert => decode::<SiteAdvert>(&m.payload).and_then(|a| {
                     same_site(&site, &a.site.id)?;
@@ -544,15 +631,27 @@ async fn spawn_site_listener(handle: &BrokerHandle, topic: SiteTopic) -> anyhow:
                         attempt: s.attempt,
                     };
                     // Queued in arrival order (so a site's updates apply in order); acknowledged once stored,
-                    // without holding up the next update.
+                    // without holding up the next update. A refusal (the site does not hold the attempt, or is
+                    // revoked) is answered with the reason, so the agent stops retrying it.
                     let applied = h.step_queued(Event::Status(s));
                     let client = h.client.clone();
                     tokio::spawn(async move {
-                        let ok = matches!(applied.await, Ok(Ok(_)));
-                        if let (Some(reply), true) = (m.reply, ok) {
-                            if let Ok(body) = encode(&ack) {
-                                let _ = client.publish(reply, Bytes::from(body)).await;
+                        let body = match applied.await {
+                            Ok(Ok(_)) => encode(&ack).ok(),
+                            Ok(Err(e @ StepError::Refused(_))) => {
+                                encode(&meridian_federation::ApiReply::<()>::err(
+                                    meridian_federation::ErrorBody::new(
+                                        e.code(),
+                                        None,
+                                        e.to_string(),
+                                    ),
+                                ))
+                                .ok()
                             }
+                            _ => None,
+                        };
+                        if let (Some(reply), Some(body)) = (m.reply, body) {
+                            let _ = client.publish(reply, Bytes::from(body)).await;
                         }
                     });
                 }
@@ -561,6 +660,12 @@ async fn spawn_site_listener(handle: &BrokerHandle, topic: SiteTopic) -> anyhow:
                     tracing::warn!(
                         "dropped a bad {} message from site {site}: {err}",
                         topic.as_str()
+                    );
+                    h.audit.refused(
+                        now_ms(),
+                        &format!("site:{site}"),
+                        topic.as_str(),
+                        &err.to_string(),
                     );
                     if let Some(reply) = m.reply {
                         let body = meridian_federation::ApiReply::<()>::err(err.to_body());
@@ -602,9 +707,11 @@ async fn reactor_loop(
     mut rx: mpsc::UnboundedReceiver<Input>,
     connected: tokio::sync::watch::Receiver<bool>,
     handle: BrokerHandle,
+    tokens: tokio::sync::watch::Sender<auth::Tokens>,
     tick: Duration,
     offer_timeout: Duration,
 ) -> anyhow::Result<()> {
+    let mut tokens_seen = reactor.state().tokens_generation();
     let mut clock = tokio::time::interval(tick);
     clock.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut inputs = Vec::with_capacity(MAX_BATCH);
@@ -642,22 +749,38 @@ async fn reactor_loop(
         }
         // Timers run after what has arrived: heartbeats that waited in the queue count before a site is judged.
         if tick {
-            inputs.push(Input::Event(Event::Tick, None));
+            inputs.push(Input::Event {
+                event: Event::Tick,
+                caller: None,
+                reply: None,
+            });
         }
         let now = now_ms();
         let mut replies = Vec::new();
         let mut answers = Vec::new();
+        let mut audited = Vec::new();
         for input in inputs.drain(..) {
             match input {
-                Input::Event(event, tx) => {
+                Input::Event {
+                    event,
+                    caller,
+                    reply,
+                } => {
                     let tick = matches!(event, Event::Tick);
-                    let r = reactor.step(now, event);
+                    let r = step_audited(
+                        &mut reactor,
+                        &handle.audit,
+                        &mut audited,
+                        now,
+                        event,
+                        caller,
+                    );
                     match (&r, tick) {
                         (Err(e), true) => tracing::error!("tick failed: {e}"),
                         (Err(e), false) => tracing::debug!("step refused: {e}"),
                         _ => {}
                     }
-                    if let Some(tx) = tx {
+                    if let Some(tx) = reply {
                         replies.push((tx, r));
                     }
                 }
@@ -687,6 +810,12 @@ async fn reactor_loop(
                 journal.save_snapshot(&reactor.state().snapshot(journal.last_seq(), now));
             }
         }
+        // What was audited is written once its batch is stored, as one message.
+        handle.audit.batch(std::mem::take(&mut audited));
+        if reactor.state().tokens_generation() != tokens_seen {
+            tokens_seen = reactor.state().tokens_generation();
+            let _ = tokens.send(tokens_of(&reactor));
+        }
         if tick {
             archive_finished(&mut reactor, &archive, now, retention_ms).await;
         }
@@ -700,6 +829,62 @@ async fn reactor_loop(
             send(&handle, command, offer_timeout);
         }
     }
+}
+
+/// One step: an API caller's change is judged against its permissions first; what the audit records of it (or
+/// of a site's refused message) is noted.
+fn step_audited(
+    reactor: &mut Reactor<BufferJournal>,
+    audit: &audit::Audit,
+    audited: &mut Vec<meridian_federation::AuditEntry>,
+    now: u64,
+    event: Event,
+    caller: Option<Principal>,
+) -> Result<Response, StepError> {
+    let site = match &event {
+        Event::Advert(a) => Some((a.site.id.clone(), "advert")),
+        Event::Heartbeat(h) => Some((h.site.clone(), "heartbeat")),
+        Event::Status(s) => Some((s.site.clone(), "status")),
+        _ => None,
+    };
+    let joining =
+        matches!(&event, Event::Advert(a) if !reactor.state().sites().contains_key(&a.site.id));
+    let Some(who) = caller else {
+        let r = reactor.step(now, event);
+        match (&r, site) {
+            (Err(StepError::Refused(why)), Some((site, topic))) => {
+                audit.refused(now, &format!("site:{site}"), topic, why);
+            }
+            (Ok(_), Some((site, _))) if joining => audited.push(meridian_federation::AuditEntry {
+                at_ms: now,
+                who: format!("site:{site}"),
+                action: "site_join".into(),
+                target: Some(format!("site {site}")),
+                outcome: "ok".into(),
+                count: 1,
+                until_ms: None,
+            }),
+            _ => {}
+        }
+        return r;
+    };
+    let described = authz::describe(&event);
+    let r = authz::authorize(reactor, &who, &event).and_then(|()| reactor.step(now, event));
+    if let Some((action, target)) = described {
+        match &r {
+            Ok(_) => audited.push(meridian_federation::AuditEntry {
+                at_ms: now,
+                who: who.id.clone(),
+                action: action.into(),
+                target: authz::outcome_target(target, &r),
+                outcome: "ok".into(),
+                count: 1,
+                until_ms: None,
+            }),
+            Err(e) => audit.refused(now, &who.id, action, &e.to_string()),
+        }
+    }
+    r
 }
 
 /// Moves finished jobs past their retention into the archive, then out of the live state (journaled with the
@@ -744,6 +929,7 @@ fn answer(reactor: &Reactor<BufferJournal>, q: Query) -> Answer {
             after,
             limit,
             filter,
+            who,
         } => {
             let range = match &after {
                 Some(a) => st
@@ -758,6 +944,14 @@ fn answer(reactor: &Reactor<BufferJournal>, q: Query) -> Answer {
                         && filter.state.is_none_or(|p| p == j.phase)
                         && filter.from_ms.is_none_or(|f| j.submitted_ms >= f)
                         && filter.to_ms.is_none_or(|t| j.submitted_ms < t)
+                        && who
+                            .may(
+                                meridian_core::access::Verb::Watch,
+                                &j.spec.tenant,
+                                authz::queue_of(j.spec.queue.as_deref()),
+                                "",
+                            )
+                            .is_ok()
                 })
                 .map(|j| views::job_view(j, st.sites(), reactor.rtt()))
                 .filter(|v| {
@@ -780,6 +974,7 @@ fn answer(reactor: &Reactor<BufferJournal>, q: Query) -> Answer {
         Query::Explain(id) => Answer::Explain(reactor.explain(&id, now_ms())),
         Query::Sites => Answer::Sites(st.sites().values().map(views::site_view).collect()),
         Query::Format => Answer::Format(st.format()),
+        Query::Tokens => Answer::Tokens(st.tokens().values().cloned().collect()),
         Query::Tenancy => Answer::Tenancy(st.tenancy_toml().map(str::to_owned)),
         Query::Ledger => Answer::Ledger(
             st.jobs()

@@ -1,0 +1,534 @@
+//! The trust boundary, from the attacker's side too: real nats-server configured by `meridian creds`, real
+//! binaries. A site's credential speaks only for that site; no credential, no TLS or another CA gets nowhere;
+//! a revoked site is cut off and its work requeued; tenants see and touch only their own work; every action
+//! and refusal is in the audit; a tenant's flood is slowed without slowing another tenant.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
+
+use meridian_broker::local::LocalOptions;
+use meridian_e2e::*;
+use serde_json::{json, Value};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const LONG: Duration = Duration::from_secs(40);
+
+fn two_sites() -> Fed {
+    Fed::generated(
+        &[
+            SiteSpec::new("site-a", "owned", "A100", 4, 1.0),
+            SiteSpec::new("site-b", "owned", "H100", 4, 2.0),
+        ],
+        "",
+    )
+}
+
+fn pinned(key: &str, site: &str, command: &str) -> Value {
+    let mut j = job(key, 1, command);
+    j["constraints"] = json!({"sites": [site]});
+    j
+}
+
+/// Server errors (permission violations) a connection is told of.
+type Errors = Arc<Mutex<Vec<String>>>;
+
+async fn connect_watching(f: &Fed, identity: &str) -> (async_nats::Client, Errors) {
+    let errors: Errors = Arc::default();
+    let seen = errors.clone();
+    let access = f.fed.access_as(identity);
+    let opts = access
+        .options("attacker")
+        .unwrap()
+        .event_callback(move |e| {
+            let seen = seen.clone();
+            async move {
+                if let async_nats::Event::ServerError(e) = e {
+                    seen.lock().unwrap().push(e.to_string());
+                }
+            }
+        });
+    let client = access.connect_with(opts, LONG).await.unwrap();
+    (client, errors)
+}
+
+/// Site A's credential cannot speak for site B: its advert, heartbeat and status as B are refused by
+/// nats-server, and a status it sends on its own subject about B's attempt is refused by the broker. B and
+/// B's job are unchanged; a made-up site cannot get in at all.
+#[test]
+fn a_sites_credential_speaks_only_for_that_site() {
+    let f = two_sites();
+    let id = f.submit(&pinned("on-b", "site-b", "sleep 600"));
+    let running = f.wait_phase(&id, "running", LONG);
+    let attempt = running["attempt"].as_u64().unwrap();
+    let sites_before = f.get("/v1/sites").1;
+    let b_before: Vec<_> = sites_before["ok"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["site"] == "site-b")
+        .map(|s| (s["pools"].clone(), s["generation"].clone(), s["up"].clone()))
+        .collect();
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (errors, own_subject_answer) = rt.block_on(async {
+        let (nc, errors) = connect_watching(&f, "site-a").await;
+        let fake_advert = json!({"v": 1, "site": {"id": "site-b"}, "generation": 99});
+        let status = |site: &str| {
+            json!({"v": 1, "job": id, "attempt": attempt, "site": site, "state": "succeeded",
+                "exit_code": 0, "at_ms": 1, "runtime_ms": 10})
+            .to_string()
+        };
+        for (subject, body) in [
+            ("meridian.v1.site.site-b.advert", fake_advert.to_string()),
+            (
+                "meridian.v1.site.site-b.heartbeat",
+                json!({"v": 1, "site": "site-b", "seq": 1}).to_string(),
+            ),
+            ("meridian.v1.site.site-b.status", status("site-b")),
+            ("meridian.v1.site.made-up.advert", fake_advert.to_string()),
+            ("meridian.v1.site.site-b.offer", "{}".into()),
+            ("$JS.API.STREAM.INFO.MERIDIAN_JOURNAL", String::new()),
+            ("meridian.v1.journal", "garbage".into()),
+        ] {
+            nc.publish(subject, body.into_bytes().into()).await.unwrap();
+        }
+        // Nor can it listen to other sites' offers or to every subject.
+        let _ = nc.subscribe("meridian.v1.site.site-b.offer").await;
+        let _ = nc.subscribe(">").await;
+        nc.flush().await.unwrap();
+        // On its own subject it may speak, but not of an attempt site B holds: the broker refuses.
+        let answer = nc
+            .request(
+                "meridian.v1.site.site-a.status",
+                status("site-a").into_bytes().into(),
+            )
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let errors = errors.lock().unwrap().clone();
+        let answer: Value = serde_json::from_slice(&answer.payload).unwrap();
+        (errors, answer)
+    });
+    println!("nats-server refused: {errors:#?}");
+    for subject in [
+        "meridian.v1.site.site-b.advert",
+        "meridian.v1.site.site-b.heartbeat",
+        "meridian.v1.site.site-b.status",
+        "meridian.v1.site.made-up.advert",
+        "meridian.v1.site.site-b.offer",
+        "meridian.v1.journal",
+    ] {
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.contains("ublish") && e.contains(subject)),
+            "no publish violation for {subject}: {errors:?}"
+        );
+    }
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("ubscription") && e.contains('>')),
+        "{errors:?}"
+    );
+    assert_eq!(
+        own_subject_answer["error"]["code"], "forbidden",
+        "{own_subject_answer}"
+    );
+    assert!(
+        own_subject_answer["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("which site site-b holds"),
+        "{own_subject_answer}"
+    );
+
+    // Nothing changed: B is as it was, its job still runs there as the same attempt, no made-up site.
+    std::thread::sleep(Duration::from_millis(500));
+    let job = f.job(&id);
+    assert_eq!(job["phase"], "running", "{job}");
+    assert_eq!(job["attempt"].as_u64(), Some(attempt));
+    assert_eq!(job["site"], "site-b");
+    let sites = f.get("/v1/sites").1;
+    let ids: Vec<&str> = sites["ok"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["site"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["site-a", "site-b"]);
+    let b_after: Vec<_> = sites["ok"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["site"] == "site-b")
+        .map(|s| (s["pools"].clone(), s["generation"].clone(), s["up"].clone()))
+        .collect();
+    assert_eq!(b_before, b_after);
+
+    // No credential: no connection. A credential without its TLS: no connection.
+    rt.block_on(async {
+        let mut anonymous = f.fed.access();
+        anonymous.creds = None;
+        assert!(anonymous
+            .connect("anonymous", Duration::from_secs(3))
+            .await
+            .is_err());
+        let mut plain = f.fed.access();
+        plain.ca = None;
+        assert!(plain
+            .connect("no tls", Duration::from_secs(3))
+            .await
+            .is_err());
+    });
+
+    // The broker audited the refusal, as site-a's.
+    std::thread::sleep(Duration::from_secs(6));
+    let (_, audit) = f.get("/v1/admin/audit?who=site:site-a");
+    let entries = audit["ok"]["entries"].as_array().unwrap();
+    assert!(
+        entries
+            .iter()
+            .any(|e| e["action"] == "status"
+                && e["outcome"].as_str().unwrap().starts_with("refused")),
+        "{audit}"
+    );
+}
+
+/// TLS on NATS and HTTPS: no TLS, or a certificate of another CA, gets no connection.
+#[test]
+fn without_tls_or_with_another_cas_certificate_nothing_connects() {
+    let f = two_sites();
+    let other = tempfile::tempdir().unwrap();
+    let mut reg =
+        meridian_broker::creds::Registry::init(other.path(), "other", &["127.0.0.1".to_owned()])
+            .unwrap();
+    // An identity of another federation: its own CA, an NKey of the same name as a real client.
+    let creds = reg
+        .add(meridian_broker::creds::Kind::Client, "operator")
+        .unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut foreign = f.fed.access();
+        foreign.creds = Some(creds.clone());
+        let refused = foreign.connect("foreign", Duration::from_secs(3)).await;
+        assert!(refused.is_err(), "a certificate of another CA connected");
+        // Trusting another CA, the client cannot verify the federation's servers either.
+        let mut wrong_ca = f.fed.access();
+        wrong_ca.ca = Some(reg.ca());
+        assert!(wrong_ca
+            .connect("wrong ca", Duration::from_secs(3))
+            .await
+            .is_err());
+    });
+    // HTTPS: plain HTTP to the API is no answer; a client trusting another CA refuses the server.
+    let plain = f.fed.http.replace("https://", "http://");
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(5)))
+        .http_status_as_error(false)
+        .build()
+        .into();
+    match agent.get(&format!("{plain}/v1/sites")).call() {
+        Ok(r) => assert!(
+            r.status().as_u16() >= 400,
+            "plain HTTP answered {}",
+            r.status()
+        ),
+        Err(e) => println!("plain HTTP refused: {e}"),
+    }
+    let pem = std::fs::read(reg.ca()).unwrap();
+    let other_ca: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(5)))
+        .tls_config(
+            ureq::tls::TlsConfig::builder()
+                .root_certs(ureq::tls::RootCerts::Specific(Arc::new(vec![
+                    ureq::tls::Certificate::from_pem(&pem).unwrap(),
+                ])))
+                .build(),
+        )
+        .build()
+        .into();
+    let e = other_ca
+        .get(&format!("{}/v1/sites", f.fed.http))
+        .call()
+        .expect_err("a server certificate of the federation's CA is not one of another CA's");
+    println!("another CA: {e}");
+    // The federation's own CA verifies it.
+    assert_eq!(f.get("/v1/sites").0, 200);
+}
+
+/// A revoked site is cut off by nats-server at once (its connections closed, and it cannot connect again),
+/// the broker treats it as lost and requeues its work, and nothing it sends is taken.
+#[test]
+fn a_revoked_site_is_cut_off_and_its_jobs_are_requeued() {
+    let mut f = two_sites();
+    let id = f.submit(&job("moves", 1, "sleep 600"));
+    let first = f.wait_phase(&id, "running", LONG);
+    let victim = first["site"].as_str().unwrap().to_owned();
+    // Keep a copy of the victim's credential, as a thief would.
+    let access = f.fed.access_as(&victim);
+    let stolen = f.scratch.path().join(format!("{victim}.nk"));
+    std::fs::copy(access.creds.as_ref().unwrap(), &stolen).unwrap();
+    for ext in ["crt", "key"] {
+        std::fs::copy(
+            access.creds.as_ref().unwrap().with_extension(ext),
+            stolen.with_extension(ext),
+        )
+        .unwrap();
+    }
+    let revoked_at = Instant::now();
+    f.fed.revoke_identity(&victim).unwrap();
+    let (status, v) = f.post(&format!("/v1/admin/sites/{victim}/revoke"), b"");
+    assert_eq!(status, 200, "{v}");
+    // Its job runs elsewhere now, as a new attempt.
+    f.wait_until("the job runs on the other site", LONG, || {
+        let j = f.job(&id);
+        j["phase"] == "running" && j["site"] != victim.as_str()
+    });
+    println!(
+        "job requeued and running elsewhere {} ms after the revocation",
+        revoked_at.elapsed().as_millis()
+    );
+    let (_, sites) = f.get("/v1/sites");
+    let v_site = sites["ok"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["site"] == victim.as_str())
+        .cloned()
+        .unwrap();
+    assert_eq!(v_site["up"], false, "{v_site}");
+    // The stolen credential no longer connects.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut thief = f.fed.access();
+        thief.creds = Some(stolen.clone());
+        assert!(thief
+            .connect("thief", Duration::from_secs(3))
+            .await
+            .is_err());
+    });
+    // The agent was disconnected: its log says so.
+    f.wait_until("the agent is told it is no longer authorized", LONG, || {
+        let log = std::fs::read_to_string(f.fed.dir.join(format!("agent-{victim}.log")))
+            .unwrap_or_default();
+        log.contains("uthorization") || log.contains("disconnected")
+    });
+    std::thread::sleep(Duration::from_secs(6));
+    let (_, audit) = f.get("/v1/admin/audit?who=admin");
+    assert!(
+        audit["ok"]["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["action"] == "site_revoke" && e["target"] == format!("site {victim}")),
+        "{audit}"
+    );
+}
+
+/// Tenants are confined to their own work over HTTP and NATS; the audit names each caller.
+#[test]
+fn tenants_see_and_touch_only_their_own_work() {
+    let f = two_sites();
+    let alpha = f.create_token(Some("alpha"), &["submit", "watch", "cancel"]);
+    let beta = f.create_token(Some("beta"), &["submit", "watch", "cancel", "report"]);
+    let viewer = f.create_token(Some("alpha"), &["viewer"]);
+    let spec = |tenant: &str, key: &str| {
+        let mut j = job(key, 1, "sleep 600");
+        j["tenant"] = json!(tenant);
+        j
+    };
+    let a = f.with_token(Some(&alpha));
+    let b = f.with_token(Some(&beta));
+    let (status, v) = a.post("/v1/jobs", spec("alpha", "a1").to_string().as_bytes());
+    assert_eq!(status, 201, "{v}");
+    let a_job = v["ok"]["job"].as_str().unwrap().to_owned();
+    f.wait_phase(&a_job, "running", LONG);
+
+    // No token: 401. A submission naming another tenant: refused (403), not rewritten.
+    let (status, v) = f.with_token(None).get("/v1/jobs");
+    assert_eq!(
+        (status, v["error"]["code"].as_str()),
+        (401, Some("unauthenticated"))
+    );
+    let (status, v) = b.post("/v1/jobs", spec("alpha", "forged").to_string().as_bytes());
+    assert_eq!(status, 403, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("acts for tenant beta"),
+        "{v}"
+    );
+
+    // Beta cannot list, read, explain, read logs of or cancel alpha's job: it does not exist for beta.
+    let (_, listed) = b.get("/v1/jobs");
+    assert!(
+        listed["ok"]["jobs"].as_array().unwrap().is_empty(),
+        "{listed}"
+    );
+    let (status, _) = b.get("/v1/jobs?tenant=alpha");
+    assert_eq!(status, 403);
+    for path in [
+        format!("/v1/jobs/{a_job}"),
+        format!("/v1/jobs/{a_job}/explain"),
+        format!("/v1/jobs/{a_job}/logs"),
+    ] {
+        let (status, v) = b.get(&path);
+        assert_eq!(status, 404, "{path}: {v}");
+        assert_eq!(v["error"]["message"], format!("job {a_job} not found"));
+    }
+    let (status, _) = b.delete(&format!("/v1/jobs/{a_job}"));
+    assert_eq!(status, 404);
+    assert_eq!(f.job(&a_job)["phase"], "running");
+    // Beta's report holds only beta; asking for alpha's is refused.
+    let (status, _) = b.get("/v1/report?tenant=alpha");
+    assert_eq!(status, 403);
+    // Administrator calls are refused to tenants, naming what is missing.
+    let (status, v) = a.post("/v1/sites/site-a/drain", b"");
+    assert_eq!(status, 403);
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("administrator"),
+        "{v}"
+    );
+    // A viewer reads but does not cancel.
+    let v_api = f.with_token(Some(&viewer));
+    assert_eq!(v_api.get(&format!("/v1/jobs/{a_job}")).0, 200);
+    let (status, v) = v_api.delete(&format!("/v1/jobs/{a_job}"));
+    assert_eq!(status, 403);
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("`cancel`"),
+        "{v}"
+    );
+
+    // The same over NATS, with the token in the Authorization header.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let client = f.client().await;
+        let as_beta = client.with_token(Some(beta.clone()));
+        let job = meridian_federation::JobId::new(a_job.clone()).unwrap();
+        for e in [
+            as_beta.job(&job).await.unwrap_err(),
+            as_beta.explain(&job).await.unwrap_err(),
+            as_beta.logs(&job).await.unwrap_err(),
+            as_beta.cancel(&job).await.unwrap_err(),
+        ] {
+            assert!(e.to_string().contains("not found"), "{e}");
+        }
+        assert!(as_beta.jobs().await.unwrap().is_empty());
+        let none = client.with_token(None);
+        let e = none.jobs().await.unwrap_err();
+        assert!(e.to_string().contains("needs an API token"), "{e}");
+        let as_alpha = client.with_token(Some(alpha.clone()));
+        assert_eq!(as_alpha.jobs().await.unwrap().len(), 1);
+    });
+    // Alpha cancels its own.
+    assert_eq!(a.delete(&format!("/v1/jobs/{a_job}")).0, 200);
+
+    // The audit holds each action under the right credential id.
+    std::thread::sleep(Duration::from_secs(6));
+    let id_of = |t: &str| t.split('_').nth(1).unwrap().to_owned();
+    let (_, audit) = f.get("/v1/admin/audit");
+    let entries = audit["ok"]["entries"].as_array().unwrap();
+    let has = |who: &str, action: &str, outcome: &str| {
+        entries.iter().any(|e| {
+            e["who"] == who
+                && e["action"] == action
+                && e["outcome"].as_str().unwrap().starts_with(outcome)
+        })
+    };
+    assert!(has("admin", "token_create", "ok"), "{audit}");
+    assert!(has(&id_of(&alpha), "submit", "ok"), "{audit}");
+    assert!(has(&id_of(&alpha), "cancel", "ok"), "{audit}");
+    assert!(has(&id_of(&beta), "submit", "refused"), "{audit}");
+    assert!(has(&id_of(&beta), "cancel", "refused"), "{audit}");
+    assert!(has(&id_of(&alpha), "drain", "refused"), "{audit}");
+    assert!(has("anonymous", "list_jobs", "refused"), "{audit}");
+    // Tenants cannot read the audit.
+    assert_eq!(a.get("/v1/admin/audit").0, 403);
+}
+
+/// One tenant flooding submissions is slowed (429 with Retry-After) while another, submitting at the same time,
+/// is never refused and gets every job in.
+#[test]
+fn a_flooding_tenant_is_slowed_and_another_is_not() {
+    let f = Fed::generated_with(
+        &[SiteSpec::new("big", "owned", "A100", 4, 1.0)],
+        "",
+        LocalOptions {
+            agent_args: vec!["--executor".into(), "noop".into()],
+            broker_args: ["--tenant-rate", "40", "--tenant-burst", "40"]
+                .map(String::from)
+                .to_vec(),
+            ..LocalOptions::default()
+        },
+    );
+    let flood = f.create_token(Some("flood"), &["submit"]);
+    let calm = f.create_token(Some("calm"), &["submit", "watch"]);
+    let spec = |tenant: &str, key: String| {
+        let mut j = job(&key, 1, "true");
+        j["tenant"] = json!(tenant);
+        j.to_string()
+    };
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (limited, accepted) = (Arc::new(Mutex::new(0u32)), Arc::new(Mutex::new(0u32)));
+    std::thread::scope(|s| {
+        let mut flooders = Vec::new();
+        for t in 0..4 {
+            let (stop, limited, accepted, flood, f) = (&stop, &limited, &accepted, &flood, &f);
+            flooders.push(s.spawn(move || {
+                let api = f.with_token(Some(flood));
+                let mut i = 0;
+                // Every 429 says when to try again.
+                let mut every_429_says_when = true;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let (status, v, headers) = api.post_with_headers(
+                        "/v1/jobs",
+                        spec("flood", format!("f{t}-{i}")).as_bytes(),
+                    );
+                    i += 1;
+                    match status {
+                        429 => {
+                            *limited.lock().unwrap() += 1;
+                            // The body says when, in ms; the Retry-After header, in whole seconds.
+                            let header = headers
+                                .get("retry-after")
+                                .and_then(|h| h.parse::<u64>().ok());
+                            every_429_says_when &= v["error"]["retry_after_ms"].as_u64().is_some()
+                                && header >= Some(1);
+                        }
+                        200 | 201 => *accepted.lock().unwrap() += 1,
+                        other => panic!("flood got {other}: {v}"),
+                    }
+                }
+                every_429_says_when
+            }));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let calm_api = f.with_token(Some(&calm));
+        let mut latencies = Vec::new();
+        for i in 0..30 {
+            let t = Instant::now();
+            let (status, v) = calm_api.post("/v1/jobs", spec("calm", format!("c{i}")).as_bytes());
+            latencies.push(t.elapsed().as_secs_f64() * 1000.0);
+            assert!(status == 201, "the calm tenant was refused: {status} {v}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        latencies.sort_by(f64::total_cmp);
+        println!(
+            "calm tenant: 30 of 30 accepted, latency p50 {:.1} ms, p95 {:.1} ms, max {:.1} ms",
+            latencies[14], latencies[28], latencies[29]
+        );
+        let saw_retry_after = flooders.into_iter().any(|h| h.join().unwrap());
+        assert!(
+            saw_retry_after,
+            "a 429 says when to retry, in its body and its Retry-After header"
+        );
+    });
+    let (limited, accepted) = (*limited.lock().unwrap(), *accepted.lock().unwrap());
+    println!("flooding tenant: {accepted} accepted, {limited} slowed (429)");
+    assert!(limited > 0, "the flood was never slowed");
+}
