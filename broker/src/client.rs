@@ -111,6 +111,21 @@ impl Client {
             v: WIRE_VERSION,
             token: None,
             upgrade,
+            quarantine: None,
+        };
+        self.call(api::JOURNAL_FORMAT, &req).await
+    }
+
+    /// Sets aside the journal message the broker cannot read (administrators only).
+    pub async fn journal_quarantine(
+        &self,
+        seq: u64,
+    ) -> anyhow::Result<meridian_federation::FormatView> {
+        let req = meridian_federation::FormatRequest {
+            v: WIRE_VERSION,
+            token: None,
+            upgrade: false,
+            quarantine: Some(seq),
         };
         self.call(api::JOURNAL_FORMAT, &req).await
     }

@@ -532,3 +532,105 @@ fn a_flooding_tenant_is_slowed_and_another_is_not() {
     println!("flooding tenant: {accepted} accepted, {limited} slowed (429)");
     assert!(limited > 0, "the flood was never slowed");
 }
+
+/// A journal message no broker can read (here, bytes appended with a broker's own credential, the only kind
+/// that may write there) leaves a restarted broker read-only, not dead: reads are answered, every change is
+/// refused with the message's sequence and the reason, and running work is left alone. Only an administrator
+/// can set the message aside (a tenant cannot, nor can anyone name another message); then the broker replays
+/// what followed and takes changes again, across later restarts too, and the audit says who did it.
+#[test]
+fn an_unreadable_journal_message_leaves_the_broker_read_only_until_set_aside() {
+    let mut f = two_sites();
+    let viewer = f.create_token(Some("team-a"), &["viewer"]);
+    let id = f.submit(&pinned("before", "site-a", "sleep 600"));
+    let running = f.wait_phase(&id, "running", LONG);
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let seq = rt.block_on(async {
+        let nc = f.nats_as("broker-1").await;
+        let js = async_nats::jetstream::new(nc);
+        let ack = js
+            .publish("meridian.v1.journal", "\u{1}garbage".into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        ack.sequence
+    });
+    f.fed
+        .restart_broker()
+        .expect("a broker with an unreadable journal still starts");
+
+    // Reads are answered and say why the broker is read-only.
+    let seen = f.job(&id);
+    assert_eq!(seen["phase"], "running", "{seen}");
+    let (code, format) = f.get("/v1/admin/journal/format");
+    assert_eq!(code, 200, "{format}");
+    assert_eq!(format["ok"]["unreadable"]["seq"], seq, "{format}");
+    // Changes are refused, naming the message.
+    let (code, refused) = f.post("/v1/jobs", job("during", 1, "true").to_string().as_bytes());
+    assert_eq!(code, 503, "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(&format!("journal message {seq}"))
+            && message.contains("meridian journal quarantine"),
+        "{refused}"
+    );
+    // A tenant's token cannot set it aside; nobody can set aside a readable message.
+    let (code, body) = f
+        .with_token(Some(&viewer))
+        .post(&format!("/v1/admin/journal/quarantine/{seq}"), b"");
+    assert_eq!(code, 403, "{body}");
+    let (code, body) = f.post(&format!("/v1/admin/journal/quarantine/{}", seq - 1), b"");
+    assert_eq!(code, 409, "{body}");
+    assert_eq!(
+        f.get("/v1/admin/journal/format").1["ok"]["unreadable"]["seq"],
+        seq
+    );
+
+    // The administrator sets it aside through the CLI: the broker takes changes again.
+    let out = f.cli(&["journal", "quarantine", &seq.to_string()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (_, format) = f.get("/v1/admin/journal/format");
+    assert!(format["ok"]["unreadable"].is_null(), "{format}");
+    let after = f.submit(&pinned("after", "site-b", "true"));
+    f.wait_phase(&after, "succeeded", LONG);
+    let kept = f.job(&id);
+    assert_eq!(
+        kept["phase"], "running",
+        "the running job was left alone: {kept}"
+    );
+    assert_eq!(kept["attempt"], running["attempt"], "{kept}");
+
+    // The audit names who set it aside, and the refused attempts (refusals are written every few seconds).
+    let audited = |f: &Fed| -> Vec<(String, String, String)> {
+        let (_, audit) = f.get("/v1/admin/audit?limit=1000");
+        audit["ok"]["entries"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .filter(|e| e["action"] == "journal_quarantine")
+            .map(|e| {
+                let s = |k: &str| e[k].as_str().unwrap_or_default().to_owned();
+                (s("action"), s("who"), s("outcome"))
+            })
+            .collect()
+    };
+    f.wait_until("the quarantine and its refusals in the audit", LONG, || {
+        let a = audited(&f);
+        a.iter().any(|(_, who, o)| who == "admin" && o == "ok")
+            && a.iter().filter(|(_, _, o)| o != "ok").count() >= 2
+    });
+
+    // The marker keeps it set aside across restarts.
+    f.fed.restart_broker().unwrap();
+    let (_, format) = f.get("/v1/admin/journal/format");
+    assert!(format["ok"]["unreadable"].is_null(), "{format}");
+    assert_eq!(f.job(&after)["phase"], "succeeded");
+    assert_eq!(f.job(&id)["phase"], "running");
+}

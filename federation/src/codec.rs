@@ -21,6 +21,10 @@ pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 /// Deepest nesting of JSON arrays and objects accepted (the deepest message, an offer, nests 6 deep).
 pub const MAX_DEPTH: usize = 32;
 
+/// Longest JSON string accepted, as written (escapes included): twice the longest field a message may hold
+/// (a job's command, 64 KiB), so a string's length is bounded before anything is allocated for it.
+pub const MAX_STRING_BYTES: usize = 128 * 1024;
+
 /// Unknown fields seen in tolerant decoding, by message type and path.
 static UNKNOWN: Mutex<BTreeMap<String, u64>> = Mutex::new(BTreeMap::new());
 
@@ -84,11 +88,17 @@ fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<(T, Vec<String>), WireErro
             limit: MAX_MESSAGE_BYTES,
         });
     }
-    let depth = nesting_depth(bytes);
+    let (depth, longest) = shape(bytes);
     if depth > MAX_DEPTH {
         return Err(WireError::TooDeep {
             depth,
             limit: MAX_DEPTH,
+        });
+    }
+    if longest > MAX_STRING_BYTES {
+        return Err(WireError::TooLong {
+            length: longest,
+            limit: MAX_STRING_BYTES,
         });
     }
     let mut unknown = Vec::new();
@@ -122,22 +132,30 @@ fn field_path(path: &str, message: &str) -> String {
     }
 }
 
-/// The deepest nesting of arrays and objects, counted outside strings (a malformed text gets some number;
-/// the parser then says what is wrong with it).
-fn nesting_depth(bytes: &[u8]) -> usize {
+/// The deepest nesting of arrays and objects, counted outside strings, and the longest string as written (a
+/// malformed text gets some numbers; the parser then says what is wrong with it).
+fn shape(bytes: &[u8]) -> (usize, usize) {
     let (mut depth, mut max, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    let (mut len, mut longest) = (0usize, 0usize);
     for &b in bytes {
         if in_string {
+            len += 1;
             match (escaped, b) {
                 (true, _) => escaped = false,
                 (false, b'\\') => escaped = true,
-                (false, b'"') => in_string = false,
+                (false, b'"') => {
+                    in_string = false;
+                    longest = longest.max(len - 1);
+                }
                 _ => {}
             }
             continue;
         }
         match b {
-            b'"' => in_string = true,
+            b'"' => {
+                in_string = true;
+                len = 0;
+            }
             b'[' | b'{' => {
                 depth += 1;
                 max = max.max(depth);
@@ -146,7 +164,10 @@ fn nesting_depth(bytes: &[u8]) -> usize {
             _ => {}
         }
     }
-    max
+    if in_string {
+        longest = longest.max(len);
+    }
+    (max, longest)
 }
 
 fn short_type_name<T>() -> &'static str {
@@ -165,8 +186,20 @@ mod tests {
 
     #[test]
     fn depth_counts_only_outside_strings() {
-        assert_eq!(nesting_depth(br#"{"a":[1,{"b":"[[[{{{"}]}"#), 3);
-        assert_eq!(nesting_depth(br#"{"a":"\"{"}"#), 1);
+        assert_eq!(shape(br#"{"a":[1,{"b":"[[[{{{"}]}"#), (3, 6));
+        assert_eq!(shape(br#"{"a":"\"{"}"#), (1, 3));
+    }
+
+    #[test]
+    fn an_overlong_string_is_refused_before_it_is_decoded() {
+        let long = format!(
+            "{{\"v\":1,\"job\":\"{}\"}}",
+            "x".repeat(MAX_STRING_BYTES + 1)
+        );
+        let e = decode::<crate::JobRef>(long.as_bytes())
+            .err()
+            .map(|e| e.to_string());
+        assert!(e.as_deref().is_some_and(|e| e.contains("string")), "{e:?}");
     }
 
     #[test]

@@ -19,6 +19,8 @@ pub enum WireError {
     TooLarge { size: usize, limit: usize },
     #[error("message nests {depth} levels deep; the limit is {limit}")]
     TooDeep { depth: usize, limit: usize },
+    #[error("message holds a string of {length} bytes; the limit is {limit}")]
+    TooLong { length: usize, limit: usize },
     #[error("message has wire version {found}; this build speaks {supported}")]
     UnsupportedVersion { found: u32, supported: u32 },
     #[error("could not encode message: {0}")]
@@ -50,6 +52,7 @@ impl WireError {
             WireError::UnknownField { .. } => ErrorCode::Invalid,
             WireError::TooLarge { .. } => ErrorCode::TooLarge,
             WireError::TooDeep { .. } => ErrorCode::Malformed,
+            WireError::TooLong { .. } => ErrorCode::TooLarge,
             WireError::UnsupportedVersion { .. } => ErrorCode::UnsupportedVersion,
             WireError::Encode(_) => ErrorCode::Internal,
         }

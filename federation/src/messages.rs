@@ -784,13 +784,29 @@ pub struct FormatRequest {
     pub token: Option<String>,
     #[serde(default)]
     pub upgrade: bool,
+    /// Set aside the journal message with this sequence, the one the broker cannot read (it then replays what
+    /// follows and takes writes again). Only the message the broker names as unreadable can be set aside.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quarantine: Option<u64>,
 }
 
-/// The journal's durable format in force, and the newest the broker knows.
+/// The journal's durable format in force, the newest the broker knows, and the message that keeps the broker
+/// read-only, if one does.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FormatView {
     pub format: u32,
     pub newest: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unreadable: Option<UnreadableView>,
+}
+
+/// A journal message the broker could not read: until an administrator sets it aside, the broker answers reads
+/// and refuses every change.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnreadableView {
+    /// The message's sequence in the journal stream.
+    pub seq: u64,
+    pub reason: String,
 }
 
 /// The tenancy in force, as the text of a tenancy file (`None`: no quotas).

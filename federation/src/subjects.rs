@@ -121,8 +121,8 @@ pub mod api {
     pub const REPORT: &str = "meridian.v1.api.report";
     /// Read or replace the tenancy, with the administrator's token (`TenancyRequest` → `TenancyView`).
     pub const TENANCY: &str = "meridian.v1.api.admin.tenancy";
-    /// Read or upgrade the journal's durable format, with the administrator's token (`FormatRequest` →
-    /// `FormatView`).
+    /// Read or upgrade the journal's durable format, or set aside the journal message a broker cannot read
+    /// (`FormatRequest` → `FormatView`): administrators only.
     pub const JOURNAL_FORMAT: &str = "meridian.v1.api.admin.journal.format";
     /// Create an API token (`TokenCreateRequest` → `TokenCreated`): administrators only.
     pub const TOKEN_CREATE: &str = "meridian.v1.api.admin.tokens.create";

@@ -1,3 +1,3 @@
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| meridian_fuzz_targets::job_spec(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| meridian_fuzz::job_spec(data));

@@ -37,6 +37,10 @@ pub struct Batch {
     /// The writer's batch number (with `leader`, identifies a retried append).
     pub n: u64,
     pub records: Vec<Record>,
+    /// Journal messages an operator set aside because no broker could read them (`meridian journal
+    /// quarantine`): replay skips them. Kept in the stream, unread, for whoever investigates.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub quarantine: Vec<u64>,
 }
 
 /// Why a batch or snapshot cannot be read.

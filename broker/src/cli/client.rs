@@ -4,7 +4,7 @@ use super::render::{self, print};
 use super::{out, outln, Output};
 use crate::client::{read_job_file, Client};
 use anyhow::Context;
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{Args, Subcommand};
 use meridian_federation::{JobId, JobPhase, JobScope, SiteId, TenantId};
 use std::path::PathBuf;
 
@@ -19,12 +19,15 @@ pub struct ConnectArgs {
 }
 
 /// What `meridian journal` does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+#[derive(Subcommand, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum JournalAction {
-    /// Show the durable format the journal is written in.
+    /// Show the durable format the journal is written in, and any message that keeps the broker read-only.
     Format,
     /// Write the journal in the newest durable format this broker knows from now on.
     UpgradeFormat,
+    /// Set aside the journal message the broker cannot read (the sequence it names), so it replays what
+    /// follows and takes changes again. The message stays in the stream, unread.
+    Quarantine { seq: u64 },
 }
 
 #[derive(Subcommand, Debug)]
@@ -75,10 +78,11 @@ pub enum ClientCmd {
         #[arg(long)]
         set: Option<PathBuf>,
     },
-    /// The journal's durable format: `format` shows it, `upgrade-format` moves the journal to the newest format
-    /// this broker knows (do it once every broker of the federation runs this release).
+    /// The journal (administrators): `format` shows its durable format, `upgrade-format` moves it to the newest
+    /// format this broker knows (once every broker of the federation runs this release), `quarantine SEQ` sets
+    /// aside a message the broker cannot read.
     Journal {
-        #[arg(value_enum)]
+        #[command(subcommand)]
         action: JournalAction,
     },
     /// API tokens (administrators): `create --tenant T --role ROLE…`, `list`, `revoke ID`.
@@ -231,14 +235,28 @@ pub async fn run(cmd: ClientCmd, connect: &ConnectArgs, out: Output) -> anyhow::
             })
         }
         ClientCmd::Journal { action } => {
-            let upgrade = action == JournalAction::UpgradeFormat;
-            let v = client.journal_format(upgrade).await?;
+            let v = match action {
+                JournalAction::Quarantine { seq } => client.journal_quarantine(seq).await?,
+                _ => {
+                    client
+                        .journal_format(action == JournalAction::UpgradeFormat)
+                        .await?
+                }
+            };
             print(out, &v, |v| {
                 outln!(
                     "journal format {} (this broker knows up to {})",
                     v.format,
                     v.newest
-                )
+                );
+                if let Some(u) = &v.unreadable {
+                    outln!(
+                        "READ-ONLY: journal message {} cannot be read ({}); set it aside with `meridian journal quarantine {}`",
+                        u.seq,
+                        u.reason,
+                        u.seq
+                    );
+                }
             })
         }
         ClientCmd::Report { tenant, from, to } => {

@@ -34,6 +34,8 @@ pub enum Call {
     Format {
         upgrade: bool,
     },
+    /// Set aside the journal message the broker cannot read.
+    Quarantine(u64),
     TokenCreate(Bytes),
     TokenList,
     TokenRevoke(String),
@@ -58,6 +60,7 @@ impl Call {
             Call::Report(_) => "report",
             Call::Tenancy(_) => "tenancy",
             Call::Format { .. } => "journal_format",
+            Call::Quarantine(_) => "journal_quarantine",
             Call::TokenCreate(_) => "token_create",
             Call::TokenList => "token_list",
             Call::TokenRevoke(_) => "token_revoke",
@@ -272,12 +275,16 @@ async fn call_as(h: &BrokerHandle, who: &Principal, c: Call) -> Reply {
                     return step_error(e);
                 }
             }
-            match h.query(Query::Format).await {
-                Some(Answer::Format(format)) => {
-                    ok(200, meridian_federation::FormatView { format, newest })
-                }
-                _ => unavailable(),
+            format_view(h).await
+        }
+        Call::Quarantine(seq) => {
+            if let Err(d) = who.must_be_admin("setting a journal message aside") {
+                return denied(d);
             }
+            if let Err(why) = h.quarantine(who, seq).await {
+                return error(ErrorBody::new(ErrorCode::Conflict, Some("seq".into()), why));
+            }
+            format_view(h).await
         }
         Call::ListJobs(body) => {
             let mut req = if body.is_empty() {
@@ -470,6 +477,22 @@ async fn call_as(h: &BrokerHandle, who: &Principal, c: Call) -> Reply {
                 )),
             }
         }
+    }
+}
+
+/// The journal's format, and the message that keeps the broker read-only if one does.
+async fn format_view(h: &BrokerHandle) -> Reply {
+    match h.query(Query::Format).await {
+        Some(Answer::Format(format, unreadable)) => ok(
+            200,
+            meridian_federation::FormatView {
+                format,
+                newest: meridian_core::durable::FORMAT_VERSION,
+                unreadable: unreadable
+                    .map(|(seq, reason)| meridian_federation::UnreadableView { seq, reason }),
+            },
+        ),
+        _ => unavailable(),
     }
 }
 
@@ -777,7 +800,11 @@ fn nats_call(subject: &str, payload: Bytes) -> Result<(Call, Option<String>), Re
         }
         api::JOURNAL_FORMAT => {
             let r = decode_strict::<meridian_federation::FormatRequest>(&payload).map_err(wire)?;
-            return Ok((Call::Format { upgrade: r.upgrade }, r.token));
+            let call = match r.quarantine {
+                Some(seq) => Call::Quarantine(seq),
+                None => Call::Format { upgrade: r.upgrade },
+            };
+            return Ok((call, r.token));
         }
         api::SUBMIT => Call::Submit(payload),
         api::REPORT => Call::Report(payload),

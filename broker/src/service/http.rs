@@ -63,6 +63,7 @@ pub fn router(h: BrokerHandle) -> Router {
         .route("/v1/admin/tenancy", get(get_tenancy).put(put_tenancy))
         .route("/v1/admin/journal/format", get(get_format))
         .route("/v1/admin/journal/upgrade-format", post(upgrade_format))
+        .route("/v1/admin/journal/quarantine/{seq}", post(quarantine))
         .route("/v1/admin/tokens", post(create_token).get(list_tokens))
         .route("/v1/admin/tokens/{id}", axum::routing::delete(revoke_token))
         .route("/v1/admin/sites/{id}/revoke", post(revoke_site))
@@ -261,6 +262,22 @@ async fn get_format(State(h): State<BrokerHandle>, headers: HeaderMap) -> Respon
 /// `POST /v1/admin/journal/upgrade-format`: write the journal in the newest durable format from now on.
 async fn upgrade_format(State(h): State<BrokerHandle>, headers: HeaderMap) -> Response {
     run(&h, &headers, Call::Format { upgrade: true }).await
+}
+
+/// `POST /v1/admin/journal/quarantine/{seq}`: set aside the journal message the broker cannot read.
+async fn quarantine(
+    State(h): State<BrokerHandle>,
+    headers: HeaderMap,
+    Path(seq): Path<String>,
+) -> Response {
+    match seq.parse::<u64>() {
+        Ok(seq) => run(&h, &headers, Call::Quarantine(seq)).await,
+        Err(_) => respond(super::api::error(meridian_federation::ErrorBody::new(
+            meridian_federation::ErrorCode::Invalid,
+            Some("seq".into()),
+            format!("{seq:?} is not a journal sequence number"),
+        ))),
+    }
 }
 
 /// `PUT /v1/admin/tenancy`: the body is the new tenancy file (TOML).

@@ -21,6 +21,7 @@ use meridian_core::durable::{self, Batch};
 use meridian_core::journal::Record;
 use meridian_core::snapshot::Snapshot;
 use meridian_federation::subjects;
+use std::collections::BTreeSet;
 use tokio::io::AsyncReadExt;
 
 #[derive(Debug, thiserror::Error)]
@@ -30,13 +31,60 @@ pub enum StoreError {
     Fenced { expected: u64, found: u64 },
     #[error("the journal did not take an append for 30 s: {0}")]
     Unavailable(String),
+    /// A journal message could not be read: nothing is written until it is set aside.
+    #[error("{0}")]
+    ReadOnly(String),
 }
 
 /// What the journal holds at start.
 pub struct Recovered {
     pub snapshot: Option<Snapshot>,
-    /// Batches stored after the snapshot (all of them without one), oldest first.
+    /// Batches stored after the snapshot (all of them without one), oldest first, up to the first message no
+    /// broker could read (if any: see [`JetStreamJournal::unreadable`]).
     pub batches: Vec<Batch>,
+}
+
+/// A journal message that could not be read, and what was read after it.
+#[derive(Debug)]
+struct Stuck {
+    seq: u64,
+    reason: String,
+    rest: Vec<(u64, Result<Batch, String>)>,
+}
+
+/// Orders what was read into the batches to replay and the first unreadable message not set aside (with what
+/// follows it). Messages named by a quarantine marker anywhere in `read` are skipped.
+fn settle(read: Vec<(u64, Result<Batch, String>)>) -> (Vec<Batch>, Option<Stuck>) {
+    let set_aside: BTreeSet<u64> = read
+        .iter()
+        .filter_map(|(_, r)| r.as_ref().ok())
+        .flat_map(|b| b.quarantine.iter().copied())
+        .collect();
+    let mut batches = Vec::new();
+    let mut stuck: Option<Stuck> = None;
+    for (seq, r) in read {
+        match (&mut stuck, r) {
+            (Some(s), r) => s.rest.push((seq, r)),
+            (None, Ok(b)) => batches.push(b),
+            (None, Err(_)) if set_aside.contains(&seq) => {}
+            (None, Err(reason)) => {
+                stuck = Some(Stuck {
+                    seq,
+                    reason,
+                    rest: Vec::new(),
+                })
+            }
+        }
+    }
+    (batches, stuck)
+}
+
+/// What a broker says while an unreadable journal message keeps it read-only.
+pub fn read_only(seq: u64, reason: &str) -> String {
+    format!(
+        "the broker is read-only: journal message {seq} cannot be read ({reason}); reads are answered, changes \
+         wait until an administrator sets the message aside with `meridian journal quarantine {seq}`"
+    )
 }
 
 /// How long an append is retried (through a NATS restart, say) before the broker stops.
@@ -60,6 +108,9 @@ pub struct JetStreamJournal {
     /// Records between snapshots.
     pub snapshot_every: u64,
     snapshots: tokio::sync::watch::Sender<Option<Bytes>>,
+    /// The first message no broker could read, not yet set aside: nothing after it is replayed, and nothing
+    /// is written, until an operator sets it aside.
+    stuck: Option<Stuck>,
 }
 
 impl JetStreamJournal {
@@ -107,6 +158,7 @@ impl JetStreamJournal {
             since_snapshot: 0,
             snapshot_every: SNAPSHOT_EVERY,
             snapshots: tx,
+            stuck: None,
         })
     }
 
@@ -140,9 +192,36 @@ impl JetStreamJournal {
             }
         };
         let from = snapshot.as_ref().map_or(0, |s| s.journal_seq);
-        let (batches, last) = self.read_after(from).await?;
+        let (read, last) = self.read_after(from).await?;
         self.last_seq = last.max(from);
+        let (batches, stuck) = settle(read);
+        self.stuck = stuck;
         Ok(Recovered { snapshot, batches })
+    }
+
+    /// The message that keeps this broker read-only, and why it could not be read.
+    pub fn unreadable(&self) -> Option<(u64, &str)> {
+        self.stuck.as_ref().map(|s| (s.seq, s.reason.as_str()))
+    }
+
+    /// Sets the unreadable message `seq` aside (an operator's decision): a marker batch names it, so every replay
+    /// from now on skips it (the message itself stays in the stream, unread, for whoever investigates). Returns
+    /// the batches that followed it, to replay, up to the next unreadable message if there is one.
+    pub async fn quarantine(&mut self, format: u32, seq: u64) -> anyhow::Result<Vec<Batch>> {
+        match &self.stuck {
+            None => anyhow::bail!("every journal message is readable: nothing to set aside"),
+            Some(s) if s.seq != seq => anyhow::bail!(
+                "journal message {seq} is not the unreadable one: message {} is ({})",
+                s.seq,
+                s.reason
+            ),
+            Some(_) => {}
+        }
+        self.append_batch(format, Vec::new(), vec![seq]).await?;
+        let rest = self.stuck.take().map(|s| s.rest).unwrap_or_default();
+        let (batches, stuck) = settle(rest);
+        self.stuck = stuck;
+        Ok(batches)
     }
 
     async fn load_snapshot(&self) -> anyhow::Result<Option<Snapshot>> {
@@ -161,8 +240,13 @@ impl JetStreamJournal {
         Ok(Some(snap))
     }
 
-    /// The batches after sequence `from`, up to the stream's end when the read began, and the last sequence read.
-    async fn read_after(&self, from: u64) -> anyhow::Result<(Vec<Batch>, u64)> {
+    /// The messages after sequence `from`, up to the stream's end when the read began, each a batch or why it
+    /// is unreadable, and the last sequence read. A batch of a newer format than this broker knows is an error:
+    /// the broker stops and says so (such a message is never set aside, only reported).
+    async fn read_after(
+        &self,
+        from: u64,
+    ) -> anyhow::Result<(Vec<(u64, Result<Batch, String>)>, u64)> {
         let mut stream = self.stream.clone();
         let info = stream.info().await.context("reading the journal's state")?;
         let end = info.state.last_sequence;
@@ -191,18 +275,30 @@ impl JetStreamJournal {
                 .info()
                 .map_err(|e| anyhow::anyhow!("{e}"))?
                 .stream_sequence;
-            let batch = durable::decode_batch(&m.payload)
-                .with_context(|| format!("journal message {seq}"))?;
-            out.push(batch);
+            let batch = match durable::decode_batch(&m.payload) {
+                Ok(b) => Ok(b),
+                Err(e @ durable::FormatError::Newer { .. }) => {
+                    return Err(anyhow::Error::new(e).context(format!("journal message {seq}")))
+                }
+                Err(e) => Err(e.to_string()),
+            };
+            out.push((seq, batch));
             last = seq;
         }
         Ok((out, last))
     }
 
-    /// The batches stored since this broker last read or wrote.
+    /// The batches stored since this broker last read or wrote, up to the first unreadable message not set
+    /// aside (after which nothing is returned until it is set aside).
     pub async fn catch_up(&mut self) -> anyhow::Result<Vec<Batch>> {
-        let (batches, last) = self.read_after(self.last_seq).await?;
+        let (read, last) = self.read_after(self.last_seq).await?;
         self.last_seq = last.max(self.last_seq);
+        if let Some(s) = &mut self.stuck {
+            s.rest.extend(read);
+            return Ok(Vec::new());
+        }
+        let (batches, stuck) = settle(read);
+        self.stuck = stuck;
         Ok(batches)
     }
 
@@ -214,11 +310,8 @@ impl JetStreamJournal {
         loop {
             match self.append(format, Vec::new()).await {
                 Ok(()) => return Ok(late),
-                Err(StoreError::Fenced { .. }) => match self.read_after(self.last_seq).await {
-                    Ok((batches, last)) => {
-                        late.extend(batches);
-                        self.last_seq = last;
-                    }
+                Err(StoreError::Fenced { .. }) => match self.catch_up().await {
+                    Ok(batches) => late.extend(batches),
                     Err(e) if tokio::time::Instant::now() < deadline => {
                         tracing::warn!("reading the journal: {e:#}; retrying");
                         tokio::time::sleep(std::time::Duration::from_millis(250)).await;
@@ -233,6 +326,9 @@ impl JetStreamJournal {
     /// Stores the records of a batch of steps (split into messages below the payload limit), each message
     /// acknowledged by JetStream before the next.
     pub async fn store(&mut self, format: u32, records: Vec<Record>) -> Result<(), StoreError> {
+        if let Some(s) = &self.stuck {
+            return Err(StoreError::ReadOnly(read_only(s.seq, &s.reason)));
+        }
         let n = records.len() as u64;
         let mut chunk = Vec::new();
         let mut size = 0;
@@ -271,14 +367,24 @@ impl JetStreamJournal {
         }
     }
 
-    /// One fenced message, retried with the same content for up to [`STORE_PATIENCE`].
     async fn append(&mut self, format: u32, records: Vec<Record>) -> Result<(), StoreError> {
+        self.append_batch(format, records, Vec::new()).await
+    }
+
+    /// One fenced message, retried with the same content for up to [`STORE_PATIENCE`].
+    async fn append_batch(
+        &mut self,
+        format: u32,
+        records: Vec<Record>,
+        quarantine: Vec<u64>,
+    ) -> Result<(), StoreError> {
         self.next_batch += 1;
         let batch = Batch {
             format,
             leader: self.instance.clone(),
             n: self.next_batch,
             records,
+            quarantine,
         };
         let body = Bytes::from(
             durable::encode_batch(&batch).map_err(|e| StoreError::Unavailable(e.to_string()))?,
@@ -364,5 +470,61 @@ async fn upload_snapshots(
                 tracing::warn!("could not store a snapshot (the next one will be tried): {e}")
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(n: u64, quarantine: Vec<u64>) -> Result<Batch, String> {
+        Ok(Batch {
+            format: durable::FORMAT_VERSION,
+            leader: "b".into(),
+            n,
+            records: Vec::new(),
+            quarantine,
+        })
+    }
+
+    fn ns(batches: &[Batch]) -> Vec<u64> {
+        batches.iter().map(|b| b.n).collect()
+    }
+
+    #[test]
+    fn an_unreadable_message_stops_replay_and_keeps_what_follows() {
+        let read = vec![
+            (1, batch(1, vec![])),
+            (2, Err("garbage".into())),
+            (3, batch(3, vec![])),
+            (4, Err("more garbage".into())),
+            (5, batch(5, vec![])),
+        ];
+        let (batches, stuck) = settle(read);
+        assert_eq!(ns(&batches), vec![1]);
+        let stuck = stuck.expect("message 2 is unreadable");
+        assert_eq!((stuck.seq, stuck.reason.as_str()), (2, "garbage"));
+        // Set aside, message 2 lets 3 through and stops again at 4.
+        let (batches, stuck) = settle(stuck.rest);
+        assert_eq!(ns(&batches), vec![3]);
+        assert_eq!(stuck.map(|s| s.seq), Some(4));
+    }
+
+    #[test]
+    fn a_quarantine_marker_skips_the_message_it_names_at_every_replay() {
+        let read = vec![
+            (1, batch(1, vec![])),
+            (2, Err("garbage".into())),
+            (3, batch(3, vec![])),
+            (4, batch(4, vec![2])),
+            (5, Err("later garbage".into())),
+        ];
+        let (batches, stuck) = settle(read);
+        assert_eq!(ns(&batches), vec![1, 3, 4]);
+        assert_eq!(
+            stuck.map(|s| s.seq),
+            Some(5),
+            "only the named message is skipped"
+        );
     }
 }

@@ -154,7 +154,8 @@ pub enum Answer {
     Placement(Option<(SiteId, u32)>),
     Ledger(Vec<meridian_core::ledger::LedgerEntry>),
     Tenancy(Option<String>),
-    Format(u32),
+    /// The format in force, and the journal message that keeps the broker read-only (sequence, reason).
+    Format(u32, Option<(u64, String)>),
     Tokens(Vec<meridian_core::access::TokenRecord>),
 }
 
@@ -167,6 +168,12 @@ enum Input {
         reply: Option<oneshot::Sender<Result<Response, StepError>>>,
     },
     Query(Query, oneshot::Sender<Answer>),
+    /// An administrator sets aside the journal message the broker cannot read.
+    Quarantine {
+        seq: u64,
+        who: Principal,
+        reply: oneshot::Sender<Result<(), String>>,
+    },
 }
 
 /// A handle to the reactor task, shared by the API front ends.
@@ -203,6 +210,19 @@ impl BrokerHandle {
             reply: Some(tx),
         });
         rx
+    }
+
+    /// Sets aside the unreadable journal message `seq` (the caller is an administrator), so the broker replays
+    /// what follows and takes changes again.
+    pub async fn quarantine(&self, who: &Principal, seq: u64) -> Result<(), String> {
+        let (tx, rx) = oneshot::channel();
+        let _ = self.tx.send(Input::Quarantine {
+            seq,
+            who: who.clone(),
+            reply: tx,
+        });
+        rx.await
+            .unwrap_or_else(|_| Err("broker is stopping".into()))
     }
 
     pub async fn query(&self, q: Query) -> Option<Answer> {
@@ -370,6 +390,9 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
     .await?;
     journal.snapshot_every = cfg.snapshot_every.max(1);
     let recovered = journal.recover_patiently().await?;
+    if let Some((seq, reason)) = journal.unreadable() {
+        tracing::error!("{}", journal::read_only(seq, reason));
+    }
     let from_snapshot = recovered.snapshot.is_some();
     if let Some(snap) = recovered.snapshot {
         reactor.restore(snap);
@@ -403,34 +426,24 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
     // Fence out the broker that was active before, and replay what it wrote since the last look.
     let late = journal.take_over(reactor.state().format()).await?;
     reactor.replay_batches(&late);
-    reactor
-        .step(now_ms(), Event::Resume)
-        .map_err(|e| anyhow::anyhow!("resuming: {e}"))?;
-    journal
-        .store(reactor.state().format(), reactor.journal_mut().take())
-        .await?;
+    if let Some((seq, reason)) = journal.unreadable() {
+        tracing::error!("{}", journal::read_only(seq, reason));
+        if tenancy_file.is_some() {
+            tracing::warn!("the tenancy file is applied at a start with a readable journal");
+        }
+    } else {
+        reactor
+            .step(now_ms(), Event::Resume)
+            .map_err(|e| anyhow::anyhow!("resuming: {e}"))?;
+        journal
+            .store(reactor.state().format(), reactor.journal_mut().take())
+            .await?;
+        apply_tenancy_file(&mut reactor, &mut journal, tenancy_file).await?;
+    }
     if let Some(e) = &reactor.state().tenancy_toml_error() {
         tracing::error!(
             "the journaled tenancy could not be read ({e}); quotas are off until it is set again"
         );
-    }
-    // A tenancy file is applied when it differs from the one last applied at a start: editing the file and
-    // restarting applies it; restarting alone keeps the administrator's changes made through the API.
-    if let Some(text) = tenancy_file {
-        if reactor.state().tenancy_file_toml() != Some(text.as_str()) {
-            reactor
-                .step(
-                    now_ms(),
-                    Event::SetTenancy {
-                        toml: text,
-                        from_file: true,
-                    },
-                )
-                .map_err(|e| anyhow::anyhow!("tenancy: {e}"))?;
-            journal
-                .store(reactor.state().format(), reactor.journal_mut().take())
-                .await?;
-        }
     }
     if let Some(t) = &reactor.tenancy() {
         tracing::info!(
@@ -548,6 +561,33 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
     }
     tracing::info!("broker stopping; handing the lease back");
     lease.release().await;
+    Ok(())
+}
+
+/// A tenancy file is applied when it differs from the one last applied at a start: editing the file and
+/// restarting applies it; restarting alone keeps the administrator's changes made through the API.
+async fn apply_tenancy_file(
+    reactor: &mut Reactor<BufferJournal>,
+    journal: &mut journal::JetStreamJournal,
+    tenancy_file: Option<String>,
+) -> anyhow::Result<()> {
+    let Some(text) = tenancy_file else {
+        return Ok(());
+    };
+    if reactor.state().tenancy_file_toml() != Some(text.as_str()) {
+        reactor
+            .step(
+                now_ms(),
+                Event::SetTenancy {
+                    toml: text,
+                    from_file: true,
+                },
+            )
+            .map_err(|e| anyhow::anyhow!("tenancy: {e}"))?;
+        journal
+            .store(reactor.state().format(), reactor.journal_mut().take())
+            .await?;
+    }
     Ok(())
 }
 
@@ -735,6 +775,14 @@ async fn reactor_loop(
                 Err(_) => break,
             }
         }
+        if journal.unreadable().is_some() {
+            read_only(&mut reactor, &mut journal, &handle, inputs.drain(..)).await?;
+            if reactor.state().tokens_generation() != tokens_seen {
+                tokens_seen = reactor.state().tokens_generation();
+                let _ = tokens.send(tokens_of(&reactor));
+            }
+            continue;
+        }
         // While the broker's own connection is down, no heartbeat can reach it: timers wait, and liveness starts
         // afresh once it is back.
         if !*connected.borrow() {
@@ -784,7 +832,12 @@ async fn reactor_loop(
                         replies.push((tx, r));
                     }
                 }
-                Input::Query(q, tx) => answers.push((tx, answer(&reactor, q))),
+                Input::Query(q, tx) => answers.push((tx, answer(&reactor, &journal, q))),
+                Input::Quarantine { reply, .. } => {
+                    let _ = reply.send(Err(
+                        "every journal message is readable: nothing to set aside".into(),
+                    ));
+                }
             }
         }
         // The steps are stored before anything is said or sent because of them.
@@ -829,6 +882,92 @@ async fn reactor_loop(
             send(&handle, command, offer_timeout);
         }
     }
+}
+
+/// Serves a batch of inputs while an unreadable journal message keeps the broker read-only: questions are
+/// answered; an API caller's change is refused with the message's sequence and the reason; what sites say
+/// waits unanswered (agents send statuses again until one is acknowledged) and the clock stands still. An
+/// administrator's quarantine sets the message aside and, once the journal reads to its end, the broker
+/// resumes.
+async fn read_only(
+    reactor: &mut Reactor<BufferJournal>,
+    journal: &mut journal::JetStreamJournal,
+    handle: &BrokerHandle,
+    inputs: impl Iterator<Item = Input>,
+) -> anyhow::Result<()> {
+    for input in inputs {
+        match input {
+            Input::Query(q, tx) => {
+                let _ = tx.send(answer(reactor, journal, q));
+            }
+            Input::Event {
+                caller: Some(_),
+                reply: Some(tx),
+                ..
+            } => {
+                let why = journal
+                    .unreadable()
+                    .map(|(seq, reason)| journal::read_only(seq, reason))
+                    .unwrap_or_default();
+                let _ = tx.send(Err(StepError::Journal(
+                    meridian_core::journal::JournalError::Unavailable(why),
+                )));
+            }
+            Input::Event { .. } => {}
+            Input::Quarantine { seq, who, reply } => {
+                let now = now_ms();
+                match set_aside(reactor, journal, seq).await {
+                    Ok(()) => {
+                        handle.audit.batch(vec![meridian_federation::AuditEntry {
+                            at_ms: now,
+                            who: who.id.clone(),
+                            action: "journal_quarantine".into(),
+                            target: Some(format!("journal message {seq}")),
+                            outcome: "ok".into(),
+                            count: 1,
+                            until_ms: None,
+                        }]);
+                        let _ = reply.send(Ok(()));
+                    }
+                    Err(e) => {
+                        let why = format!("{e:#}");
+                        handle
+                            .audit
+                            .refused(now, &who.id, "journal_quarantine", &why);
+                        let _ = reply.send(Err(why));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Sets the unreadable journal message `seq` aside and replays what followed it; once nothing unreadable is
+/// left, the broker takes changes again.
+async fn set_aside(
+    reactor: &mut Reactor<BufferJournal>,
+    journal: &mut journal::JetStreamJournal,
+    seq: u64,
+) -> anyhow::Result<()> {
+    let batches = journal.quarantine(reactor.state().format(), seq).await?;
+    reactor.replay_batches(&batches);
+    tracing::warn!(
+        "journal message {seq} set aside by an administrator; {} batches after it replayed",
+        batches.len()
+    );
+    if let Some((next, reason)) = journal.unreadable() {
+        tracing::error!("{}", journal::read_only(next, reason));
+        return Ok(());
+    }
+    tracing::info!("the journal reads to its end again: the broker takes changes");
+    reactor
+        .step(now_ms(), Event::Resume)
+        .map_err(|e| anyhow::anyhow!("resuming: {e}"))?;
+    journal
+        .store(reactor.state().format(), reactor.journal_mut().take())
+        .await?;
+    Ok(())
 }
 
 /// One step: an API caller's change is judged against its permissions first; what the audit records of it (or
@@ -922,7 +1061,11 @@ async fn archive_finished(
     }
 }
 
-fn answer(reactor: &Reactor<BufferJournal>, q: Query) -> Answer {
+fn answer(
+    reactor: &Reactor<BufferJournal>,
+    journal: &journal::JetStreamJournal,
+    q: Query,
+) -> Answer {
     let st = reactor.state();
     match q {
         Query::JobsPage {
@@ -973,7 +1116,12 @@ fn answer(reactor: &Reactor<BufferJournal>, q: Query) -> Answer {
         ),
         Query::Explain(id) => Answer::Explain(reactor.explain(&id, now_ms())),
         Query::Sites => Answer::Sites(st.sites().values().map(views::site_view).collect()),
-        Query::Format => Answer::Format(st.format()),
+        Query::Format => Answer::Format(
+            st.format(),
+            journal
+                .unreadable()
+                .map(|(seq, reason)| (seq, reason.to_owned())),
+        ),
         Query::Tokens => Answer::Tokens(st.tokens().values().cloned().collect()),
         Query::Tenancy => Answer::Tenancy(st.tenancy_toml().map(str::to_owned)),
         Query::Ledger => Answer::Ledger(

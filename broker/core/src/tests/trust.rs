@@ -139,6 +139,7 @@ fn tokens_are_kept_revoked_and_survive_a_snapshot() {
         leader: "old".into(),
         n: 1,
         records: vec![],
+        quarantine: vec![],
     }]);
     let e = env
         .reactor

@@ -2,8 +2,8 @@
 //! messages from agents and API callers, and the files operators write. Each must never panic, whatever the
 //! bytes; a wire message it accepts must encode and decode again to the same value.
 //!
-//! `fuzz/fuzz_targets/*.rs` (cargo fuzz, nightly, libFuzzer) call these; `tests/corpus.rs` replays every
-//! committed corpus file through them on stable, as an ordinary test.
+//! `fuzz/fuzz_targets/*.rs` (cargo fuzz, nightly, libFuzzer) call these; `e2e/tests/fuzz_corpus.rs` includes
+//! this file and replays every committed corpus file through them on stable, as an ordinary test.
 
 use meridian_federation::validate::Validate;
 use serde::de::DeserializeOwned;
