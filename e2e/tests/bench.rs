@@ -32,6 +32,13 @@ fn the_dispatch_benchmark_dispatches_every_job_and_prints_its_figures() {
         assert!(f[key].as_f64().is_some_and(|x| x > 0.0), "{key}: {f}");
     }
     assert!(f["p99_ms"].as_f64() >= f["p50_ms"].as_f64(), "{f}");
+    // The same jobs without security, in the same run, and the ratio (printed, not asserted).
+    for key in ["dispatches_per_s", "secured_ratio"] {
+        assert!(
+            f["insecure"][key].as_f64().is_some_and(|x| x > 0.0),
+            "{key}: {f}"
+        );
+    }
     assert_eq!(f["spawn"]["jobs"], 20, "{f}");
     assert!(
         f["spawn"]["completed_per_s"]

@@ -9,6 +9,10 @@
 //! moment. In the same run, as the baseline, plain NATS request-reply through the same server with the same
 //! number in flight and the same count and payload size. Then a second federation, with the process executor,
 //! runs jobs that spawn `true`, for comparison with schedulers that start a process.
+//!
+//! The federation runs secured as `meridian up` runs it (TLS with client certificates, an NKey per process,
+//! API tokens, JetStream encrypted at rest, the audit stream). What that costs is measured in the same run: the
+//! same jobs through a federation started `--insecure`, and the ratio of the two.
 #![allow(clippy::disallowed_methods)] // a benchmark: reads the clock
 
 use crate::local::{LocalFederation, LocalOptions};
@@ -39,6 +43,9 @@ pub struct DispatchOptions {
     /// Jobs of the second run, which spawn `true` (0 skips it).
     #[arg(long, default_value_t = 1_000)]
     pub spawn_jobs: usize,
+    /// Skip the baseline run without security (TLS, credentials, tokens, encryption at rest, audit).
+    #[arg(long)]
+    pub no_insecure_baseline: bool,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -57,7 +64,18 @@ pub struct DispatchFigures {
     /// (snapshot and journal), as it logs it, and the journal records it replayed beyond the snapshot.
     pub recovery_ms: Option<u64>,
     pub recovery_records: Option<u64>,
+    /// The same jobs through a federation without security, run just before.
+    pub insecure: Option<InsecureFigures>,
     pub spawn: Option<SpawnFigures>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct InsecureFigures {
+    pub dispatches_per_s: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    /// Dispatches per second secured over those without security.
+    pub secured_ratio: f64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -98,9 +116,11 @@ async fn start(
     sites: usize,
     slots: usize,
     executor: &str,
+    insecure: bool,
 ) -> anyhow::Result<LocalFederation> {
     let file = write_federation(dir, sites, slots)?;
     let opts = LocalOptions {
+        insecure,
         heartbeat_ms: 1_000,
         agent_args: vec!["--executor".into(), executor.into()],
         dir: Some(dir.join("run")),
@@ -365,9 +385,21 @@ pub async fn dispatch(opts: DispatchOptions) -> anyhow::Result<DispatchFigures> 
         None => Scratch::Temp(scratch),
     };
     let slots = opts.jobs.div_ceil(opts.sites.max(1)) + 8;
+    let insecure = if opts.no_insecure_baseline {
+        None
+    } else {
+        let dir = scratch.path().join("insecure");
+        std::fs::create_dir_all(&dir)?;
+        let fed = start(&dir, opts.sites, slots, "noop", true)
+            .await
+            .context("starting the federation without security")?;
+        let run = run_jobs(&fed, opts.jobs, opts.in_flight, "true", false).await?;
+        tokio::task::block_in_place(|| drop(fed));
+        Some(run)
+    };
     let noop_dir = scratch.path().join("noop");
     std::fs::create_dir_all(&noop_dir)?;
-    let fed = start(&noop_dir, opts.sites, slots, "noop")
+    let fed = start(&noop_dir, opts.sites, slots, "noop", false)
         .await
         .context("starting the federation")?;
     // The broker's identity: JetStream and arbitrary subjects are brokers' only.
@@ -388,7 +420,7 @@ pub async fn dispatch(opts: DispatchOptions) -> anyhow::Result<DispatchFigures> 
         let dir = scratch.path().join("spawn");
         std::fs::create_dir_all(&dir)?;
         let per_site = opts.spawn_jobs.div_ceil(opts.sites.max(1)) + 8;
-        let fed = start(&dir, opts.sites, per_site, "process")
+        let fed = start(&dir, opts.sites, per_site, "process", false)
             .await
             .context("starting the federation")?;
         let run = run_jobs(&fed, opts.spawn_jobs, opts.in_flight, "true", true).await?;
@@ -415,6 +447,12 @@ pub async fn dispatch(opts: DispatchOptions) -> anyhow::Result<DispatchFigures> 
         journal_appends,
         recovery_ms: recovery.map(|r| r.0),
         recovery_records: recovery.map(|r| r.1),
+        insecure: insecure.map(|i| InsecureFigures {
+            dispatches_per_s: i.per_s,
+            p50_ms: quantile(&i.latencies_ms, 0.5),
+            p99_ms: quantile(&i.latencies_ms, 0.99),
+            secured_ratio: run.per_s / i.per_s,
+        }),
         spawn,
     })
 }

@@ -94,6 +94,7 @@ pub enum ClientCmd {
     /// credential too, with `meridian creds revoke`), or let it back in with `--restore`.
     RevokeSite {
         site: SiteId,
+        /// Let a revoked site back in (its agent must hold a valid credential again).
         #[arg(long)]
         restore: bool,
     },

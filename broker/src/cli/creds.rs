@@ -31,7 +31,7 @@ pub enum CredsCmd {
     List,
     /// Revoke an identity: it leaves the servers' authorization and its secret files are deleted. With
     /// `--reload`, the servers drop its connections now. (A revoked site's work is requeued by the broker once
-    /// its heartbeats stop; `meridian sites revoke` does it at once.)
+    /// its heartbeats stop; `meridian revoke-site SITE` does it at once.)
     Revoke {
         name: String,
         /// nats-server processes to reload at once (their pids); repeatable.

@@ -213,6 +213,12 @@ pub fn dispatch_summary(f: &crate::bench::dispatch::DispatchFigures) -> String {
         f.jobs, f.sites, f.in_flight, f.dispatches_per_s, f.raw_nats_req_per_s, f.ratio, f.p50_ms, f.p99_ms, f.journal_appends,
         f.recovery_ms.map_or_else(|| "?".to_owned(), |m| m.to_string())
     );
+    if let Some(x) = &f.insecure {
+        s.push_str(&format!(
+            "\nsecurity on (TLS, credentials, tokens, encryption at rest, audit) vs off: {:.0} vs {:.0} dispatches/s (ratio {:.3}); without it p50 {:.1} ms, p99 {:.1} ms",
+            f.dispatches_per_s, x.dispatches_per_s, x.secured_ratio, x.p50_ms, x.p99_ms
+        ));
+    }
     if let Some(x) = &f.spawn {
         s.push_str(&format!(
             "\n{} jobs spawning `true`: {:.0} dispatches/s, p50 {:.1} ms, p99 {:.1} ms; {:.0} completed/s",
