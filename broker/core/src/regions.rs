@@ -36,7 +36,11 @@ pub fn parse_geojson(text: &str) -> Result<MultiPolygon<f64>, crate::error::Core
 }
 
 fn geojson_area(text: &str) -> Result<MultiPolygon<f64>, String> {
-    let gj: geojson::GeoJson = text.parse().map_err(|e| format!("not GeoJSON: {e}"))?;
+    let json: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| format!("not GeoJSON: {e}"))?;
+    check_positions(&json, "")?;
+    let gj: geojson::GeoJson =
+        serde_json::from_value(json).map_err(|e| format!("not GeoJSON: {e}"))?;
     let mut polygons = Vec::new();
     let mut push = |g: &geojson::Geometry| -> Result<(), String> {
         let geom: geo::Geometry<f64> = g
@@ -72,9 +76,72 @@ fn geojson_area(text: &str) -> Result<MultiPolygon<f64>, String> {
     Ok(MultiPolygon(polygons))
 }
 
+/// Every position under a `coordinates` member holds a longitude and a latitude, finite numbers (the geojson
+/// crate's conversion indexes them without checking).
+fn check_positions(v: &serde_json::Value, path: &str) -> Result<(), String> {
+    use serde_json::Value;
+    match v {
+        Value::Object(m) => {
+            for (k, v) in m {
+                let here = format!("{path}.{k}");
+                if k == "coordinates" {
+                    check_coordinates(v, &here)?;
+                } else {
+                    check_positions(v, &here)?;
+                }
+            }
+            Ok(())
+        }
+        Value::Array(a) => a
+            .iter()
+            .enumerate()
+            .try_for_each(|(i, v)| check_positions(v, &format!("{path}[{i}]"))),
+        _ => Ok(()),
+    }
+}
+
+fn check_coordinates(v: &serde_json::Value, path: &str) -> Result<(), String> {
+    use serde_json::Value;
+    let Value::Array(a) = v else {
+        return Err(format!("{path}: coordinates must be arrays"));
+    };
+    if a.first().is_some_and(Value::is_number) || a.is_empty() && path.ends_with(']') {
+        // A position.
+        let ok =
+            (2..=3).contains(&a.len()) && a.iter().all(|n| n.as_f64().is_some_and(f64::is_finite));
+        if !ok {
+            return Err(format!(
+                "{path}: a position is [longitude, latitude] (optionally an altitude), finite numbers"
+            ));
+        }
+        return Ok(());
+    }
+    a.iter()
+        .enumerate()
+        .try_for_each(|(i, v)| check_coordinates(v, &format!("{path}[{i}]")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_position_without_a_latitude_is_an_error_not_a_panic() {
+        // Found by the geojson_region fuzz target.
+        let e = parse_geojson(
+            r#"{"type":"Polygon","coordinates":[[[0,40],[20,40],[19],[0,60],[0,40]]]}"#,
+        )
+        .err()
+        .map(|e| e.to_string());
+        assert!(
+            e.as_deref()
+                .is_some_and(|e| e.contains("coordinates[0][2]") && e.contains("longitude")),
+            "{e:?}"
+        );
+        assert!(
+            parse_geojson(r#"{"type":"Polygon","coordinates":[[[0,"x"],[1,2],[0,0]]]}"#).is_err()
+        );
+    }
 
     #[test]
     fn point_in_square() {
