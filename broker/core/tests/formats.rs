@@ -1,7 +1,8 @@
 //! Journals and snapshots written by earlier releases still replay. Each `fixtures/format-N/` holds what a
 //! broker of format N wrote (the journal stream's messages, one per line, and a snapshot from the same run),
 //! the answer that broker gave to `meridian jobs --output json` at the end, and the throughput table it ran
-//! with. Fixtures are never regenerated: a new format adds a folder.
+//! with. Fixtures are never regenerated: a new format adds a folder (written from a real run by
+//! `e2e/tests/format_fixture.rs`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use meridian_core::durable::{self, Batch};
@@ -163,6 +164,54 @@ fn a_format_2_snapshot_plus_the_batches_after_it_is_the_whole_journal() {
     whole.replay_batches(&batches);
     same(&durable_state(&from_snapshot), &durable_state(&whole), "");
 }
+/// Format 3 adds API token records (hashes only) and site revocation. Its journal, from a run with a token
+/// created and revoked, a site revoked and let back in, a kill -9 of the broker and a restart, replays to exactly
+/// what its broker reported, and keeps the token (revoked) and the site (let back in).
+#[test]
+fn a_format_3_journal_replays_to_exactly_what_its_broker_reported_with_its_tokens_and_sites() {
+    let batches = batches(3);
+    assert!(batches.iter().all(|b| b.format == 3));
+    let mut r = reactor(3);
+    r.replay_batches(&batches);
+    r.sanity_check().unwrap();
+    let want: Vec<JobView> = serde_json::from_str(&fixture(3, "jobs.json")).unwrap();
+    assert_eq!(want.len(), 6);
+    same(
+        &serde_json::to_value(job_views(&r)).unwrap(),
+        &serde_json::to_value(&want).unwrap(),
+        "",
+    );
+    let tokens: Vec<_> = r.state().tokens().values().collect();
+    assert_eq!(tokens.len(), 1);
+    assert!(tokens[0].revoked_ms.is_some(), "{:?}", tokens[0]);
+    assert!(
+        r.state().revoked_sites().is_empty(),
+        "site-b was let back in"
+    );
+    let journal = fixture(3, "journal.jsonl");
+    assert!(journal.contains("site_revoked") && journal.contains("site_restored"));
+}
+
+#[test]
+fn a_format_3_snapshot_plus_the_batches_after_it_is_the_whole_journal() {
+    let batches = batches(3);
+    let snap = durable::decode_snapshot(fixture(3, "snapshot.json").as_bytes()).unwrap();
+    assert_eq!(snap.format, 3);
+    let after: Vec<Batch> = batches
+        .iter()
+        .skip(snap.journal_seq as usize)
+        .cloned()
+        .collect();
+    assert!(!after.is_empty());
+    let mut from_snapshot = reactor(3);
+    from_snapshot.restore(snap);
+    from_snapshot.replay_batches(&after);
+    from_snapshot.sanity_check().unwrap();
+    let mut whole = reactor(3);
+    whole.replay_batches(&batches);
+    same(&durable_state(&from_snapshot), &durable_state(&whole), "");
+}
+
 /// Broker state as JSON, without liveness (soft state: when each site was last heard from).
 fn durable_state(r: &Reactor<MemoryJournal>) -> serde_json::Value {
     let mut v = serde_json::to_value(r.state().snapshot(0, 0)).unwrap();

@@ -1,0 +1,109 @@
+//! Writes a journal fixture of the newest durable format from a real run (`broker/core/tests/fixtures/`):
+//! jobs that succeed, fail, are cancelled and keep running, an API token created and revoked, a site revoked
+//! and let back in, a kill -9 of the broker and its restart. Run by hand when a format is added (fixtures are
+//! never regenerated):
+//!   MERIDIAN_FIXTURE_DIR=broker/core/tests/fixtures/format-N \
+//!     cargo test -p meridian-e2e --test format_fixture -- --ignored --nocapture
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
+
+use meridian_broker::local::LocalOptions;
+use meridian_e2e::*;
+use serde_json::{json, Value};
+use std::time::Duration;
+use tokio::io::AsyncReadExt;
+
+const LONG: Duration = Duration::from_secs(40);
+
+fn pinned(key: &str, site: &str, command: &str) -> Value {
+    let mut j = job(key, 1, command);
+    j["constraints"] = json!({"sites": [site]});
+    j
+}
+
+#[test]
+#[ignore = "writes a fixture; run by hand when a durable format is added"]
+fn write_a_journal_fixture_of_the_newest_format() {
+    let out = std::path::PathBuf::from(
+        std::env::var("MERIDIAN_FIXTURE_DIR").expect("MERIDIAN_FIXTURE_DIR names the folder"),
+    );
+    std::fs::create_dir_all(&out).unwrap();
+    let throughput = configs().join("throughput.toml");
+    let mut f = Fed::generated_with(
+        &[
+            SiteSpec::new("site-a", "owned", "A100", 4, 1.0),
+            SiteSpec::new("site-b", "owned", "H100", 4, 2.0),
+        ],
+        &format!("throughput = {:?}", throughput.display().to_string()),
+        LocalOptions {
+            broker_args: vec!["--snapshot-every".into(), "10".into()],
+            ..LocalOptions::default()
+        },
+    );
+    let ok = f.submit(&pinned("ok", "site-a", "true"));
+    let failed = f.submit(&pinned("fails", "site-a", "exit 3"));
+    let cancelled = f.submit(&pinned("cancelled", "site-a", "sleep 600"));
+    let on_b = f.submit(&pinned("on-b", "site-b", "sleep 600"));
+    let stays = f.submit(&pinned("stays", "site-a", "sleep 600"));
+    f.wait_phase(&ok, "succeeded", LONG);
+    f.wait_phase(&failed, "failed", LONG);
+    f.wait_phase(&cancelled, "running", LONG);
+    f.wait_phase(&on_b, "running", LONG);
+    f.wait_phase(&stays, "running", LONG);
+    assert_eq!(f.delete(&format!("/v1/jobs/{cancelled}")).0, 200);
+    f.wait_phase(&cancelled, "cancelled", LONG);
+    let token = f.create_token(Some("e2e"), &["viewer", "submit:default"]);
+    let id = token.split('_').nth(1).unwrap().to_owned();
+    assert_eq!(f.delete(&format!("/v1/admin/tokens/{id}")).0, 200);
+    assert_eq!(f.post("/v1/admin/sites/site-b/revoke", b"").0, 200);
+    f.wait_phase(&on_b, "pending", LONG);
+    assert_eq!(f.post("/v1/admin/sites/site-b/restore", b"").0, 200);
+    f.fed.restart_broker().unwrap();
+    let last = f.submit(&pinned("after-restart", "site-a", "true"));
+    f.wait_phase(&last, "succeeded", LONG);
+    std::thread::sleep(Duration::from_secs(3));
+
+    let live = |f: &Fed| -> Value {
+        let (code, page) = f.get("/v1/jobs?scope=live&limit=1000");
+        assert_eq!(code, 200, "{page}");
+        page["ok"]["jobs"].clone()
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let nc = rt.block_on(f.nats_as("broker-1"));
+    let js = rt.block_on(async { async_nats::jetstream::new(nc) });
+    let snapshot = rt.block_on(async {
+        let store = js.get_object_store("MERIDIAN_SNAPSHOTS").await.unwrap();
+        let mut obj = store.get("broker-state").await.unwrap();
+        let mut snap = Vec::new();
+        obj.read_to_end(&mut snap).await.unwrap();
+        String::from_utf8(snap).unwrap()
+    });
+    // A change after the snapshot, so that the fixture has batches after it.
+    let (code, body) = f.post("/v1/sites/site-b/drain", br#"{"drain": true}"#);
+    assert_eq!(code, 200, "{body}");
+    std::thread::sleep(Duration::from_secs(2));
+    let jobs = live(&f);
+    let journal = rt.block_on(async {
+        let mut stream = js.get_stream("MERIDIAN_JOURNAL").await.unwrap();
+        let last = stream.info().await.unwrap().state.last_sequence;
+        let mut lines = Vec::new();
+        for seq in 1..=last {
+            let m = stream.get_raw_message(seq).await.unwrap();
+            lines.push(String::from_utf8(m.payload.to_vec()).unwrap());
+        }
+        lines
+    });
+    assert_eq!(live(&f), jobs, "the federation was still changing");
+    std::fs::write(out.join("journal.jsonl"), journal.join("\n") + "\n").unwrap();
+    std::fs::write(out.join("snapshot.json"), snapshot + "\n").unwrap();
+    std::fs::write(
+        out.join("jobs.json"),
+        serde_json::to_string_pretty(&jobs).unwrap() + "\n",
+    )
+    .unwrap();
+    std::fs::copy(&throughput, out.join("throughput.toml")).unwrap();
+    println!(
+        "{} journal messages, {} live jobs",
+        journal.len(),
+        jobs.as_array().unwrap().len()
+    );
+}
