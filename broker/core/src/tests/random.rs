@@ -45,6 +45,11 @@ enum Action {
         site: usize,
         on: bool,
     },
+    /// An administrator revokes a site (`on`) or lets it back in.
+    Revoke {
+        site: usize,
+        on: bool,
+    },
     Tenancy {
         which: usize,
     },
@@ -196,6 +201,7 @@ fn action() -> impl Strategy<Value = Action> {
         3 => prop_oneof![0..3_000u32, 3_000..15_000u32].prop_map(|ms| Action::Advance { ms }),
         1 => (0..32usize).prop_map(|pick| Action::Cancel { pick }),
         1 => (0..4usize, any::<bool>()).prop_map(|(site, on)| Action::Drain { site, on }),
+        1 => (0..4usize, prop::bool::weighted(0.4)).prop_map(|(site, on)| Action::Revoke { site, on }),
         1 => (0..3usize).prop_map(|which| Action::Tenancy { which }),
         1 => (1..3u32).prop_map(|remove| Action::ScaleIn { remove }),
         1 => Just(Action::Resume),
@@ -475,6 +481,14 @@ impl Run {
             Action::Drain { site, on } => {
                 let site = self.adverts[*site].site.id.clone();
                 self.step(Event::Drain { site, drain: *on });
+            }
+            Action::Revoke { site, on } => {
+                let site = self.adverts[*site].site.id.clone();
+                self.step(if *on {
+                    Event::SiteRevoked { site }
+                } else {
+                    Event::SiteRestored { site }
+                });
             }
             Action::Tenancy { which } => {
                 if let Some(t) = TENANCIES[*which] {
