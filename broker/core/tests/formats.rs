@@ -147,23 +147,9 @@ fn a_format_2_journal_replays_to_exactly_what_its_broker_reported() {
 
 #[test]
 fn a_format_2_snapshot_plus_the_batches_after_it_is_the_whole_journal() {
-    let batches = batches(2);
-    let snap = durable::decode_snapshot(fixture(2, "snapshot.json").as_bytes()).unwrap();
-    assert_eq!(snap.format, 2);
-    let after: Vec<Batch> = batches
-        .iter()
-        .skip(snap.journal_seq as usize)
-        .cloned()
-        .collect();
-    assert!(!after.is_empty());
-    let mut from_snapshot = reactor(2);
-    from_snapshot.restore(snap);
-    from_snapshot.replay_batches(&after);
-    from_snapshot.sanity_check().unwrap();
-    let mut whole = reactor(2);
-    whole.replay_batches(&batches);
-    same(&durable_state(&from_snapshot), &durable_state(&whole), "");
+    snapshot_plus_the_batches_after_it_is_the_whole_journal(2);
 }
+
 /// Format 3 adds API token records (hashes only) and site revocation. Its journal, from a run with a token
 /// created and revoked, a site revoked and let back in, a kill -9 of the broker and a restart, replays to exactly
 /// what its broker reported, and keeps the token (revoked) and the site (let back in).
@@ -194,20 +180,28 @@ fn a_format_3_journal_replays_to_exactly_what_its_broker_reported_with_its_token
 
 #[test]
 fn a_format_3_snapshot_plus_the_batches_after_it_is_the_whole_journal() {
-    let batches = batches(3);
-    let snap = durable::decode_snapshot(fixture(3, "snapshot.json").as_bytes()).unwrap();
-    assert_eq!(snap.format, 3);
+    snapshot_plus_the_batches_after_it_is_the_whole_journal(3);
+}
+
+/// From format 2: the snapshot, restored, plus the batches after it is exactly the state of the whole journal.
+fn snapshot_plus_the_batches_after_it_is_the_whole_journal(format: u32) {
+    let batches = batches(format);
+    let snap = durable::decode_snapshot(fixture(format, "snapshot.json").as_bytes()).unwrap();
+    assert_eq!(snap.format, format);
     let after: Vec<Batch> = batches
         .iter()
         .skip(snap.journal_seq as usize)
         .cloned()
         .collect();
-    assert!(!after.is_empty());
-    let mut from_snapshot = reactor(3);
+    assert!(
+        !after.is_empty(),
+        "the fixture has batches after its snapshot"
+    );
+    let mut from_snapshot = reactor(format);
     from_snapshot.restore(snap);
     from_snapshot.replay_batches(&after);
     from_snapshot.sanity_check().unwrap();
-    let mut whole = reactor(3);
+    let mut whole = reactor(format);
     whole.replay_batches(&batches);
     same(&durable_state(&from_snapshot), &durable_state(&whole), "");
 }

@@ -432,12 +432,7 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
             tracing::warn!("the tenancy file is applied at a start with a readable journal");
         }
     } else {
-        reactor
-            .step(now_ms(), Event::Resume)
-            .map_err(|e| anyhow::anyhow!("resuming: {e}"))?;
-        journal
-            .store(reactor.state().format(), reactor.journal_mut().take())
-            .await?;
+        resume(&mut reactor, &mut journal).await?;
         apply_tenancy_file(&mut reactor, &mut journal, tenancy_file).await?;
     }
     if let Some(e) = &reactor.state().tenancy_toml_error() {
@@ -961,6 +956,14 @@ async fn set_aside(
         return Ok(());
     }
     tracing::info!("the journal reads to its end again: the broker takes changes");
+    resume(reactor, journal).await
+}
+
+/// Site liveness starts afresh (the broker heard nothing while it was not acting), journaled.
+async fn resume(
+    reactor: &mut Reactor<BufferJournal>,
+    journal: &mut journal::JetStreamJournal,
+) -> anyhow::Result<()> {
     reactor
         .step(now_ms(), Event::Resume)
         .map_err(|e| anyhow::anyhow!("resuming: {e}"))?;
