@@ -107,13 +107,7 @@ impl Client {
         &self,
         upgrade: bool,
     ) -> anyhow::Result<meridian_federation::FormatView> {
-        let req = meridian_federation::FormatRequest {
-            v: WIRE_VERSION,
-            token: None,
-            upgrade,
-            quarantine: None,
-        };
-        self.call(api::JOURNAL_FORMAT, &req).await
+        self.journal(upgrade, None).await
     }
 
     /// Sets aside the journal message the broker cannot read (administrators only).
@@ -121,11 +115,19 @@ impl Client {
         &self,
         seq: u64,
     ) -> anyhow::Result<meridian_federation::FormatView> {
+        self.journal(false, Some(seq)).await
+    }
+
+    async fn journal(
+        &self,
+        upgrade: bool,
+        quarantine: Option<u64>,
+    ) -> anyhow::Result<meridian_federation::FormatView> {
         let req = meridian_federation::FormatRequest {
             v: WIRE_VERSION,
             token: None,
-            upgrade: false,
-            quarantine: Some(seq),
+            upgrade,
+            quarantine,
         };
         self.call(api::JOURNAL_FORMAT, &req).await
     }

@@ -597,6 +597,8 @@ fn an_unreadable_journal_message_leaves_the_broker_read_only_until_set_aside() {
     );
     let (_, format) = f.get("/v1/admin/journal/format");
     assert!(format["ok"]["unreadable"].is_null(), "{format}");
+    let (code, body) = f.post(&format!("/v1/admin/journal/quarantine/{seq}"), b"");
+    assert_eq!(code, 409, "nothing is left to set aside: {body}");
     let after = f.submit(&pinned("after", "site-b", "true"));
     f.wait_phase(&after, "succeeded", LONG);
     let kept = f.job(&id);

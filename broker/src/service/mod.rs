@@ -771,12 +771,15 @@ async fn reactor_loop(
             }
         }
         if journal.unreadable().is_some() {
-            read_only(&mut reactor, &mut journal, &handle, inputs.drain(..)).await?;
+            read_only(&mut reactor, &mut journal, &handle, &mut inputs).await;
             if reactor.state().tokens_generation() != tokens_seen {
                 tokens_seen = reactor.state().tokens_generation();
                 let _ = tokens.send(tokens_of(&reactor));
             }
-            continue;
+            if journal.unreadable().is_some() || inputs.is_empty() {
+                continue;
+            }
+            // Set aside: what is left of the batch is served as usual.
         }
         // While the broker's own connection is down, no heartbeat can reach it: timers wait, and liveness starts
         // afresh once it is back.
@@ -828,10 +831,8 @@ async fn reactor_loop(
                     }
                 }
                 Input::Query(q, tx) => answers.push((tx, answer(&reactor, &journal, q))),
-                Input::Quarantine { reply, .. } => {
-                    let _ = reply.send(Err(
-                        "every journal message is readable: nothing to set aside".into(),
-                    ));
+                Input::Quarantine { seq, who, reply } => {
+                    quarantine(&mut reactor, &mut journal, &handle, seq, &who, reply).await;
                 }
             }
         }
@@ -879,18 +880,22 @@ async fn reactor_loop(
     }
 }
 
-/// Serves a batch of inputs while an unreadable journal message keeps the broker read-only: questions are
-/// answered; an API caller's change is refused with the message's sequence and the reason; what sites say
-/// waits unanswered (agents send statuses again until one is acknowledged) and the clock stands still. An
-/// administrator's quarantine sets the message aside and, once the journal reads to its end, the broker
-/// resumes.
+/// Serves inputs while an unreadable journal message keeps the broker read-only: questions are answered; an
+/// API caller's change is refused with the message's sequence and the reason; what sites say waits unanswered
+/// (agents send statuses again until one is acknowledged) and the clock stands still. Once an administrator's
+/// quarantine leaves the journal readable, the inputs not yet served stay in `inputs`.
 async fn read_only(
     reactor: &mut Reactor<BufferJournal>,
     journal: &mut journal::JetStreamJournal,
     handle: &BrokerHandle,
-    inputs: impl Iterator<Item = Input>,
-) -> anyhow::Result<()> {
-    for input in inputs {
+    inputs: &mut Vec<Input>,
+) {
+    let mut pending = std::mem::take(inputs).into_iter();
+    while let Some((seq, reason)) = journal.unreadable() {
+        let why = journal::read_only(seq, reason);
+        let Some(input) = pending.next() else {
+            break;
+        };
         match input {
             Input::Query(q, tx) => {
                 let _ = tx.send(answer(reactor, journal, q));
@@ -900,42 +905,51 @@ async fn read_only(
                 reply: Some(tx),
                 ..
             } => {
-                let why = journal
-                    .unreadable()
-                    .map(|(seq, reason)| journal::read_only(seq, reason))
-                    .unwrap_or_default();
                 let _ = tx.send(Err(StepError::Journal(
                     meridian_core::journal::JournalError::Unavailable(why),
                 )));
             }
             Input::Event { .. } => {}
             Input::Quarantine { seq, who, reply } => {
-                let now = now_ms();
-                match set_aside(reactor, journal, seq).await {
-                    Ok(()) => {
-                        handle.audit.batch(vec![meridian_federation::AuditEntry {
-                            at_ms: now,
-                            who: who.id.clone(),
-                            action: "journal_quarantine".into(),
-                            target: Some(format!("journal message {seq}")),
-                            outcome: "ok".into(),
-                            count: 1,
-                            until_ms: None,
-                        }]);
-                        let _ = reply.send(Ok(()));
-                    }
-                    Err(e) => {
-                        let why = format!("{e:#}");
-                        handle
-                            .audit
-                            .refused(now, &who.id, "journal_quarantine", &why);
-                        let _ = reply.send(Err(why));
-                    }
-                }
+                quarantine(reactor, journal, handle, seq, &who, reply).await;
             }
         }
     }
-    Ok(())
+    inputs.extend(pending);
+}
+
+/// An administrator's quarantine of journal message `seq`: carried out if it is the unreadable one, answered,
+/// and audited either way.
+async fn quarantine(
+    reactor: &mut Reactor<BufferJournal>,
+    journal: &mut journal::JetStreamJournal,
+    handle: &BrokerHandle,
+    seq: u64,
+    who: &Principal,
+    reply: oneshot::Sender<Result<(), String>>,
+) {
+    let now = now_ms();
+    match set_aside(reactor, journal, seq).await {
+        Ok(()) => {
+            handle.audit.batch(vec![meridian_federation::AuditEntry {
+                at_ms: now,
+                who: who.id.clone(),
+                action: "journal_quarantine".into(),
+                target: Some(format!("journal message {seq}")),
+                outcome: "ok".into(),
+                count: 1,
+                until_ms: None,
+            }]);
+            let _ = reply.send(Ok(()));
+        }
+        Err(e) => {
+            let why = format!("{e:#}");
+            handle
+                .audit
+                .refused(now, &who.id, "journal_quarantine", &why);
+            let _ = reply.send(Err(why));
+        }
+    }
 }
 
 /// Sets the unreadable journal message `seq` aside and replays what followed it; once nothing unreadable is
