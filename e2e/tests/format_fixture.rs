@@ -1,6 +1,6 @@
 //! Writes a journal fixture of the newest durable format from a real run (`broker/core/tests/fixtures/`):
 //! jobs that succeed, fail, are cancelled and keep running, an API token created and revoked, a site revoked
-//! and let back in, a kill -9 of the broker and its restart. Run by hand when a format is added (fixtures are
+//! and let back in, unpinned jobs under the balanced, carbon-price and cost-premium policies, a kill -9 of the broker and its restart. Run by hand when a format is added (fixtures are
 //! never regenerated):
 //!   MERIDIAN_FIXTURE_DIR=broker/core/tests/fixtures/format-N \
 //!     cargo test -p meridian-e2e --test format_fixture -- --ignored --nocapture
@@ -57,6 +57,17 @@ fn write_a_journal_fixture_of_the_newest_format() {
     assert_eq!(f.post("/v1/admin/sites/site-b/revoke", b"").0, 200);
     f.wait_phase(&on_b, "pending", LONG);
     assert_eq!(f.post("/v1/admin/sites/site-b/restore", b"").0, 200);
+    // Unpinned jobs under the money-and-carbon policies (format 4): replay must place them where they ran.
+    for (key, policy) in [
+        ("balanced", json!("balanced")),
+        ("carbon-priced", json!({"carbon_price_usd_per_t": 190})),
+        ("premium", json!({"max_cost_premium": 0.05})),
+    ] {
+        let mut j = job(key, 1, "true");
+        j["policy"] = policy;
+        let id = f.submit(&j);
+        f.wait_phase(&id, "succeeded", LONG);
+    }
     f.fed.restart_broker().unwrap();
     let last = f.submit(&pinned("after-restart", "site-a", "true"));
     f.wait_phase(&last, "succeeded", LONG);

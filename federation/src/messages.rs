@@ -465,7 +465,7 @@ pub struct Weights {
     pub data: f64,
 }
 
-/// A named placement policy or explicit weights.
+/// A named placement policy, explicit weights, or a stated trade-off between money and carbon.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Policy {
@@ -474,6 +474,12 @@ pub enum Policy {
     Green,
     Balanced,
     Weights(Weights),
+    /// Carbon internalised at this price (USD per tonne CO2e): the lowest `cost + price × CO2` wins
+    /// (`{ "carbon_price_usd_per_t": 190 }`).
+    CarbonPriceUsdPerT(f64),
+    /// The least-carbon placement costing at most `1 + premium` times the cheapest one
+    /// (`{ "max_cost_premium": 0.05 }`).
+    MaxCostPremium(f64),
 }
 
 impl Policy {
@@ -484,6 +490,60 @@ impl Policy {
             Policy::Green => "green",
             Policy::Balanced => "balanced",
             Policy::Weights(_) => "weights",
+            Policy::CarbonPriceUsdPerT(_) => "carbon-price",
+            Policy::MaxCostPremium(_) => "max-cost-premium",
+        }
+    }
+
+    /// The policy with its parameter, as a user writes it on the command line (`carbon-price=190`,
+    /// `max-cost-premium=0.05`; the named policies by their name).
+    pub fn label(&self) -> String {
+        match self {
+            Policy::CarbonPriceUsdPerT(p) => format!("carbon-price={p}"),
+            Policy::MaxCostPremium(p) => format!("max-cost-premium={p}"),
+            Policy::Weights(w) => format!(
+                "weights=cost:{},energy:{},carbon:{},latency:{},data:{}",
+                w.cost, w.energy, w.carbon, w.latency, w.data
+            ),
+            p => p.name().to_owned(),
+        }
+    }
+
+    /// Reads what [`Policy::label`] writes (weights excepted): `cost`, `carbon-price=190`,
+    /// `max-cost-premium=0.05`, … Errors say what is accepted.
+    pub fn parse_label(s: &str) -> Result<Policy, String> {
+        let number = |v: &str, what: &str| -> Result<f64, String> {
+            v.parse::<f64>()
+                .ok()
+                .filter(|x| x.is_finite() && *x >= 0.0)
+                .ok_or_else(|| format!("{what} {v:?}: expected a number ≥ 0"))
+        };
+        let p = match s.split_once('=') {
+            Some(("carbon-price", v)) => Policy::CarbonPriceUsdPerT(number(v, "carbon-price")?),
+            Some(("max-cost-premium", v)) => Policy::MaxCostPremium(number(v, "max-cost-premium")?),
+            None => match s {
+                "latency" => Policy::Latency,
+                "cost" => Policy::Cost,
+                "green" => Policy::Green,
+                "balanced" => Policy::Balanced,
+                _ => return Err(format!("unknown policy {s:?}; known: latency, cost, green, balanced, carbon-price=USD_PER_T, max-cost-premium=FRACTION")),
+            },
+            Some(_) => return Err(format!("unknown policy {s:?}; known: latency, cost, green, balanced, carbon-price=USD_PER_T, max-cost-premium=FRACTION")),
+        };
+        p.problem()
+            .map_or(Ok(p), |(field, why)| Err(format!("{field}: {why}")))
+    }
+
+    /// What is wrong with the policy's parameters (field, problem), if anything.
+    pub fn problem(&self) -> Option<(String, String)> {
+        let out_of = |field: &str, x: f64, hi: f64| {
+            (!(x.is_finite() && (0.0..=hi).contains(&x)))
+                .then(|| (field.to_owned(), format!("{x} is outside 0..={hi}")))
+        };
+        match self {
+            Policy::CarbonPriceUsdPerT(p) => out_of("policy.carbon_price_usd_per_t", *p, 1e6),
+            Policy::MaxCostPremium(p) => out_of("policy.max_cost_premium", *p, 100.0),
+            _ => None,
         }
     }
 }

@@ -336,6 +336,9 @@ impl Validate for JobSpec {
                 return bad("policy.weights", "at least one weight must be above 0");
             }
         }
+        if let Some((field, problem)) = self.policy.as_ref().and_then(Policy::problem) {
+            return bad(&field, problem);
+        }
         if self.run.command.trim().is_empty() {
             return bad("run.command", "must not be empty");
         }

@@ -168,6 +168,7 @@ impl Bench {
             regions: &self.regions,
             throughput: &self.throughput,
             index: indexed.then_some(&self.index),
+            format: meridian_core::durable::FORMAT_VERSION,
         };
         let d = place(
             view,

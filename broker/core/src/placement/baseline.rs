@@ -10,18 +10,25 @@ pub enum Baseline {
     FifoFirstFit,
     /// The lowest round trip to the job's users.
     Nearest,
-    /// The lowest list price per device-hour (ignoring run time on the model and egress).
+    /// The lowest cost of this job: price × run time on the pool's model, with egress.
     Cheapest,
-    /// The lowest current grid intensity × PUE (ignoring forecasts, power and run time).
+    /// The lowest carbon of this job: power × PUE × grid intensity over the expected run × run time on the
+    /// pool's model.
     Greenest,
+    /// The lowest list price per device-hour (ignoring run time on the model and egress).
+    CheapestListPrice,
+    /// The lowest current grid intensity × PUE (ignoring forecasts, power and run time).
+    GreenestGrid,
 }
 
 impl Baseline {
-    pub const ALL: [Baseline; 4] = [
+    pub const ALL: [Baseline; 6] = [
         Baseline::FifoFirstFit,
         Baseline::Nearest,
         Baseline::Cheapest,
         Baseline::Greenest,
+        Baseline::CheapestListPrice,
+        Baseline::GreenestGrid,
     ];
 
     pub fn name(self) -> &'static str {
@@ -30,6 +37,8 @@ impl Baseline {
             Baseline::Nearest => "nearest",
             Baseline::Cheapest => "cheapest",
             Baseline::Greenest => "greenest",
+            Baseline::CheapestListPrice => "cheapest-list-price",
+            Baseline::GreenestGrid => "greenest-grid",
         }
     }
 
@@ -50,8 +59,18 @@ pub(super) fn baseline_key(
     match (b, site, pool) {
         (Baseline::FifoFirstFit, _, _) => vec![0.0],
         (Baseline::Nearest, _, _) => vec![latency_ms],
-        (Baseline::Cheapest, _, Some(p)) => vec![p.price_micro_usd_per_hour as f64],
-        (Baseline::Greenest, Some(s), _) => vec![f64::from(s.info.carbon.g_per_kwh) * s.info.pue],
+        (Baseline::Cheapest, _, _) => c
+            .terms
+            .as_ref()
+            .map_or(vec![f64::INFINITY], |t| vec![t.cost_micro_usd as f64]),
+        (Baseline::Greenest, _, _) => c
+            .terms
+            .as_ref()
+            .map_or(vec![f64::INFINITY], |t| vec![t.co2_g as f64]),
+        (Baseline::CheapestListPrice, _, Some(p)) => vec![p.price_micro_usd_per_hour as f64],
+        (Baseline::GreenestGrid, Some(s), _) => {
+            vec![f64::from(s.info.carbon.g_per_kwh) * s.info.pue]
+        }
         _ => vec![f64::INFINITY],
     }
 }

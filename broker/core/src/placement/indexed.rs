@@ -2,7 +2,7 @@
 
 use super::filters::{judge_pool, site_reject, PoolJudgement};
 use super::scan::place_over;
-use super::terms::{score, PerTerm, Term, Terms};
+use super::terms::{score, within_premium, PerTerm, Rule, Term, Terms};
 use super::{policy_of, weights, Decision, Outcome, Request, View, DEFAULT_DURATION_S};
 use crate::index::{Objective, SiteIndex};
 use crate::latency;
@@ -169,10 +169,17 @@ pub(super) fn place_indexed<'a>(
     if policy == Policy::Balanced && spec.kind != JobKind::Inference {
         w.latency = 0.0;
     }
+    let rule = Rule::of(&policy, view.format);
+    if matches!(rule, Rule::CarbonPrice(_)) {
+        return None;
+    }
+    let premium = rule.premium();
     let lexicographic_term = match policy {
         Policy::Cost => Some(Term::Cost),
         Policy::Green => Some(Term::Carbon),
         Policy::Latency => Some(Term::Latency),
+        // Rules with a premium choose among the pools within it of the cheapest: found from the cost list.
+        _ if premium.is_some() => Some(Term::Cost),
         _ => None,
     };
     if lexicographic_term.is_none() && w.energy > 0.0 {
@@ -209,7 +216,19 @@ pub(super) fn place_indexed<'a>(
         if !found {
             continue;
         }
-        if lexicographic_term.is_none() && used.len() > 1 {
+        if let Some(p) = premium {
+            let cheapest = best.get(Term::Cost);
+            // Every pool whose cost may be within the premium of the cheapest is examined.
+            for (term, list) in lists(view, spec, index, tier, &used, duration_ms) {
+                for (lower, id, pool_name) in list {
+                    if !within_premium(lower, cheapest, p) {
+                        break;
+                    }
+                    examine(view, req, now, id, pool_name, duration_ms, &mut examined);
+                }
+                debug_assert_eq!(term, Term::Cost);
+            }
+        } else if lexicographic_term.is_none() && used.len() > 1 {
             threshold_search(
                 view,
                 req,

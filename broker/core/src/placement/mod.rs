@@ -56,7 +56,7 @@ pub use baseline::Baseline;
 pub use defer::{DEFER_HORIZON_H, DEFER_MIN_SAVING};
 pub use filters::fit_now;
 pub use terms::user_latency;
-pub use terms::{Term, Terms};
+pub use terms::{within_premium, Rule, Term, Terms, BALANCED_MAX_PREMIUM, KNEE_FORMAT};
 
 use crate::index::SiteIndex;
 use crate::latency::RttTable;
@@ -84,6 +84,9 @@ pub struct View<'a> {
     pub throughput: &'a Throughput,
     /// Where present, only the sites it lists as having room are scored; the rest are counted as pruned.
     pub index: Option<&'a SiteIndex>,
+    /// The durable format in force: it decides the rules a policy stands for ([`Rule::of`]), so that a journal
+    /// replays under the rules it was written under.
+    pub format: u32,
 }
 
 /// The job being placed and what the broker knows of its history.
@@ -336,6 +339,9 @@ pub fn weights(policy: &Policy) -> Weights {
         Policy::Green => w(0.01, 0.2, 1.0, 0.0, 0.0),
         Policy::Balanced => w(1.0, 0.0, 1.0, 1.0, 0.5),
         Policy::Weights(x) => x.clone(),
+        // Their rules rank by money and carbon themselves ([`Rule`]); these weights give the score of the
+        // other candidates in an explanation.
+        Policy::CarbonPriceUsdPerT(_) | Policy::MaxCostPremium(_) => w(1.0, 0.0, 1.0, 0.0, 0.0),
     }
 }
 

@@ -4,7 +4,7 @@
 use super::baseline::baseline_key;
 use super::defer::defer;
 use super::filters::{judge_pool, site_reject, PoolJudgement};
-use super::terms::{cheapest_egress, lexicographic, score, PerTerm, Term, Terms};
+use super::terms::{cheapest_egress, rank, PerTerm, Rule, Term, Terms};
 use super::{
     policy_of, weights, Baseline, Candidate, Choice, Decision, Outcome, Reject, Request, View,
     Wait, DEFAULT_DURATION_S,
@@ -31,6 +31,7 @@ pub(super) fn place_over<'s>(
             pruned: Vec::new(),
         };
     }
+    let rule = Rule::of(&policy, view.format);
     let mut w = weights(&policy);
     if policy == Policy::Balanced && spec.kind != JobKind::Inference {
         // Batch and training work is not latency-bound: where its submitters sit does not matter.
@@ -145,7 +146,18 @@ pub(super) fn place_over<'s>(
         }
     }
     let ws = PerTerm::weights(&w);
-    let order = lexicographic(&policy);
+    // The cheapest candidate: by cost, then carbon, then latency, the first in site-id order.
+    let cheapest = in_tier
+        .iter()
+        .filter_map(|(i, _)| candidates[*i].terms.as_ref().map(Terms::values))
+        .min_by(|a, b| {
+            [Term::Cost, Term::Carbon, Term::Latency]
+                .iter()
+                .map(|t| a.get(*t).total_cmp(&b.get(*t)))
+                .find(|o| o.is_ne())
+                .unwrap_or(std::cmp::Ordering::Equal)
+        })
+        .unwrap_or(best);
     let mut winner: Option<(f64, usize, &Vec<DeviceShare>)> = None;
     let mut winner_key: Vec<f64> = Vec::new();
     for (i, devices) in in_tier {
@@ -161,12 +173,11 @@ pub(super) fn place_over<'s>(
             continue;
         };
         let values = t.values();
-        let score = score(&values, &best, &ws, &Term::ALL);
+        let (ranked, score) = rank(rule, &values, &best, &cheapest, &ws);
         t.score = score;
-        let key: Vec<f64> = match (req.baseline, order) {
-            (Some(_), _) => base_key.clone().unwrap_or_default(),
-            (None, Some(o)) => o.iter().map(|k| values.get(*k)).collect(),
-            (None, None) => vec![score],
+        let key: Vec<f64> = match req.baseline {
+            Some(_) => base_key.clone().unwrap_or_default(),
+            None => ranked,
         };
         // Candidates are visited in site-id order, so a strict `<` keeps the first of equal keys.
         let better =
@@ -185,8 +196,14 @@ pub(super) fn place_over<'s>(
         let c = &candidates[*i];
         let site = view.sites.get(&c.site)?;
         let pool = c.pool.as_deref().and_then(|p| site.pool(p))?;
-        let weighs_carbon =
-            req.baseline.is_none() && matches!(policy, Policy::Green | Policy::Balanced);
+        let weighs_carbon = req.baseline.is_none()
+            && matches!(
+                policy,
+                Policy::Green
+                    | Policy::Balanced
+                    | Policy::CarbonPriceUsdPerT(_)
+                    | Policy::MaxCostPremium(_)
+            );
         let deadline = spec.window.deadline_ms.filter(|_| weighs_carbon)?;
         defer(
             site,

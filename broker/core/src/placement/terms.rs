@@ -152,14 +152,107 @@ pub fn score(values: &PerTerm, best: &PerTerm, weights: &PerTerm, terms: &[Term]
         .sum()
 }
 
-/// Term order of the single-criterion policies: the first term decides, the next ones only break ties.
-/// `balanced` and explicit weights choose by score.
-pub fn lexicographic(policy: &Policy) -> Option<[Term; 3]> {
-    match policy {
-        Policy::Cost => Some([Term::Cost, Term::Carbon, Term::Latency]),
-        Policy::Green => Some([Term::Carbon, Term::Energy, Term::Cost]),
-        Policy::Latency => Some([Term::Latency, Term::Cost, Term::Carbon]),
-        Policy::Balanced | Policy::Weights(_) => None,
+/// The share over the cheapest candidate's cost that `balanced` may spend for less carbon (see [`Rule::Knee`]).
+pub const BALANCED_MAX_PREMIUM: f64 = 0.10;
+
+/// The first durable format whose `balanced` is [`Rule::Knee`] and which knows the carbon-price and
+/// cost-premium policies. A journal in an earlier format keeps the rules it was written under, so that replay
+/// places every job where it was placed.
+pub const KNEE_FORMAT: u32 = 4;
+
+/// How a policy chooses among the candidates that can take a job now (in the tier chosen from).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Rule {
+    /// The first term decides, the next ones only break exact ties.
+    Lexicographic([Term; 3]),
+    /// The lowest `Σ weight × normalised term` (see [`normalised`]).
+    Weighted,
+    /// The lowest `cost + price × CO2`: carbon internalised at a price in USD per tonne (which is micro-USD per
+    /// gram, so the sum is in micro-USD).
+    CarbonPrice(f64),
+    /// Among the candidates costing at most `1 + premium` times the cheapest one, the least carbon (then the
+    /// least cost).
+    LeastCarbonWithin(f64),
+    /// `balanced`: among the candidates costing at most `1 + premium` times the cheapest one, the lowest
+    /// `cost / cost₀ + CO2 / CO2₀` (+ the latency and data terms, normalised as for weights), where `cost₀` and
+    /// `CO2₀` are those of the cheapest candidate. Each term counts as a share of the job's own cheapest bill
+    /// and footprint — one per cent of the money against one per cent of the carbon — not by how much it varies
+    /// across sites.
+    Knee(f64),
+}
+
+impl Rule {
+    /// The rule of `policy` under durable format `format`.
+    pub fn of(policy: &Policy, format: u32) -> Rule {
+        match policy {
+            Policy::Cost => Rule::Lexicographic([Term::Cost, Term::Carbon, Term::Latency]),
+            Policy::Green => Rule::Lexicographic([Term::Carbon, Term::Energy, Term::Cost]),
+            Policy::Latency => Rule::Lexicographic([Term::Latency, Term::Cost, Term::Carbon]),
+            Policy::Balanced if format >= KNEE_FORMAT => Rule::Knee(BALANCED_MAX_PREMIUM),
+            Policy::Balanced | Policy::Weights(_) => Rule::Weighted,
+            Policy::CarbonPriceUsdPerT(p) => Rule::CarbonPrice(*p),
+            Policy::MaxCostPremium(p) => Rule::LeastCarbonWithin(*p),
+        }
+    }
+
+    /// The premium over the cheapest candidate this rule may spend, where it has one.
+    pub fn premium(self) -> Option<f64> {
+        match self {
+            Rule::LeastCarbonWithin(p) | Rule::Knee(p) => Some(p),
+            _ => None,
+        }
+    }
+}
+
+/// Whether a candidate's cost is within `premium` of the cheapest (`min_cost`), with the cost floor as slack so
+/// that a free cheapest candidate does not exclude one costing a fraction of a cent.
+pub fn within_premium(cost: f64, min_cost: f64, premium: f64) -> bool {
+    cost <= min_cost * (1.0 + premium) + Term::Cost.floor() * premium
+}
+
+/// The key a rule ranks a candidate by (lower wins; candidates are compared in site-id order, so the first of
+/// equal keys wins) and the score an explanation shows. `cheapest` is the values of the cheapest candidate
+/// (by cost, then carbon, then latency) and `best` the best value of each term among the candidates.
+pub fn rank(
+    rule: Rule,
+    values: &PerTerm,
+    best: &PerTerm,
+    cheapest: &PerTerm,
+    weights: &PerTerm,
+) -> (Vec<f64>, f64) {
+    let weighted = score(values, best, weights, &Term::ALL);
+    let over = |p: f64| {
+        if within_premium(values.get(Term::Cost), cheapest.get(Term::Cost), p) {
+            0.0
+        } else {
+            1.0
+        }
+    };
+    match rule {
+        Rule::Lexicographic(order) => (order.iter().map(|k| values.get(*k)).collect(), weighted),
+        Rule::Weighted => (vec![weighted], weighted),
+        Rule::CarbonPrice(price) => {
+            let priced = values.get(Term::Cost) + price * values.get(Term::Carbon);
+            (vec![priced], priced / 1e6)
+        }
+        Rule::LeastCarbonWithin(p) => (
+            vec![
+                over(p),
+                values.get(Term::Carbon),
+                values.get(Term::Cost),
+                values.get(Term::Latency),
+            ],
+            values.get(Term::Carbon) / 1000.0,
+        ),
+        Rule::Knee(p) => {
+            let share = |t: Term| (values.get(t) + t.floor()) / (cheapest.get(t) + t.floor());
+            let rest: f64 = [Term::Latency, Term::Data]
+                .iter()
+                .map(|&t| weights.get(t) * normalised(t, values.get(t), best.get(t)))
+                .sum();
+            let knee = share(Term::Cost) + share(Term::Carbon) + rest;
+            (vec![over(p), knee], knee)
+        }
     }
 }
 

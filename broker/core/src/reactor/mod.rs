@@ -25,12 +25,13 @@ pub const SECURITY_FORMAT: u32 = 3;
 use crate::durable::{Batch, FORMAT_VERSION};
 use crate::journal::{Journal, Record};
 use crate::latency::RttTable;
-use crate::placement;
+use crate::placement::{self, KNEE_FORMAT};
 use crate::quota::Tenancy;
 use crate::regions::Regions;
 use crate::snapshot::Snapshot;
 use crate::throughput::Throughput;
 use crate::Millis;
+use meridian_federation::Policy;
 use meridian_federation::{JobId, JobPhase, SiteId};
 
 pub use history::{spec_digest, DAY_MS, IDEMPOTENCY_WINDOW_MS};
@@ -219,6 +220,19 @@ impl<J: Journal> Reactor<J> {
                         field: "window.deadline_ms".into(),
                         problem: format!(
                             "{deadline} is already past (now is {now}): the job could never finish in time"
+                        ),
+                    });
+                }
+                if matches!(
+                    spec.policy,
+                    Some(Policy::CarbonPriceUsdPerT(_) | Policy::MaxCostPremium(_))
+                ) && self.state.format() < KNEE_FORMAT
+                {
+                    return Err(StepError::Invalid {
+                        field: "policy".into(),
+                        problem: format!(
+                            "the carbon-price and cost-premium policies are kept from durable format {KNEE_FORMAT}; the journal is in format {}: run `meridian journal upgrade-format` once every broker runs this release",
+                            self.state.format()
                         ),
                     });
                 }

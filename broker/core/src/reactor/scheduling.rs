@@ -407,6 +407,7 @@ impl<J: Journal> Reactor<J> {
             regions: &self.regions,
             throughput: &self.throughput,
             index: Some(&self.state.index),
+            format: self.state.format(),
         }
     }
 

@@ -46,6 +46,25 @@ pub(super) fn decide_on(
     index: Option<&crate::index::SiteIndex>,
     waited_ms: u64,
 ) -> crate::placement::Decision {
+    decide_in_format(
+        sites,
+        spec,
+        throughput,
+        index,
+        waited_ms,
+        crate::durable::FORMAT_VERSION,
+    )
+}
+
+/// [`decide_on`] under the placement rules of durable format `format`.
+pub(super) fn decide_in_format(
+    sites: &BTreeMap<SiteId, Site>,
+    spec: &JobSpec,
+    throughput: &crate::throughput::Throughput,
+    index: Option<&crate::index::SiteIndex>,
+    waited_ms: u64,
+    format: u32,
+) -> crate::placement::Decision {
     let (rtt, regions) = (RttTable::default(), regions());
     let view = View {
         sites,
@@ -53,6 +72,7 @@ pub(super) fn decide_on(
         regions: &regions,
         throughput,
         index,
+        format,
     };
     let request = Request {
         spec,

@@ -120,7 +120,7 @@ mod index_oracle {
             counts in proptest::collection::vec((1u32..9, 0u32..9, 0usize..3, 1u32..40, 0u32..700), 1..12),
             need in 1u32..6,
             share in proptest::option::of(1u32..1000),
-            policy in 0usize..5,
+            policy in 0usize..7,
             users in proptest::collection::vec((-60.0f64..60.0, -170.0f64..170.0, 0.1f64..5.0), 1..4),
             inference in any::<bool>(),
         ) {
@@ -144,7 +144,7 @@ mod index_oracle {
                 spec.resources.milli = Some(m);
             }
             let weighted = Policy::Weights(Weights { cost: 1.0, energy: 0.0, carbon: 2.0, latency: 0.5, data: 0.0 });
-            spec.policy = Some([Policy::Latency, Policy::Cost, Policy::Green, Policy::Balanced, weighted][policy].clone());
+            spec.policy = Some([Policy::Latency, Policy::Cost, Policy::Green, Policy::Balanced, weighted, Policy::CarbonPriceUsdPerT(500.0), Policy::MaxCostPremium(0.1)][policy].clone());
             if inference {
                 spec.kind = JobKind::Inference;
             }

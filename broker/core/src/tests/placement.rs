@@ -23,6 +23,98 @@ fn policies_pick_their_own_best() {
     assert_eq!(chosen_site(&choose(trio(), &spec, 0)), "c-frankfurt");
 }
 
+/// Cost and carbon disagree: the cheapest site is on a coal-heavy grid, one 5% dearer emits half as much, the
+/// cleanest is 40% dearer.
+fn disagreeing() -> Vec<SiteAdvert> {
+    vec![
+        site("coal-cheap", Tier::Owned, 0.0, 0.0)
+            .gpus("A100", 8, 2.0)
+            .carbon(800)
+            .build(),
+        site("gas-mid", Tier::Owned, 0.0, 0.0)
+            .gpus("A100", 8, 2.1)
+            .carbon(400)
+            .build(),
+        site("hydro-dear", Tier::Owned, 0.0, 0.0)
+            .gpus("A100", 8, 2.8)
+            .carbon(20)
+            .build(),
+    ]
+}
+
+fn under(policy: Policy) -> (String, String) {
+    let mut spec = job("k", 1);
+    spec.policy = Some(policy);
+    (
+        chosen_site(&choose(disagreeing(), &spec, 0)).to_owned(),
+        chosen_site(&choose_indexed(disagreeing(), &spec, 0)).to_owned(),
+    )
+}
+
+#[test]
+fn balanced_trades_within_its_premium_and_counts_terms_by_their_share() {
+    let same = |s: &str| (s.to_owned(), s.to_owned());
+    assert_eq!(under(Policy::Cost), same("coal-cheap"));
+    assert_eq!(under(Policy::Green), same("hydro-dear"));
+    // 5% more money for 50% less carbon: taken; 40% more for 97.5% less: beyond balanced's premium.
+    assert_eq!(under(Policy::Balanced), same("gas-mid"));
+    // A journal of an earlier format keeps the rule it was written under (each term against its best, which
+    // lets carbon, the term that varies most, decide).
+    let mut spec = job("k", 1);
+    spec.policy = Some(Policy::Balanced);
+    let old = decide_in_format(
+        &sites(disagreeing()),
+        &spec,
+        &Default::default(),
+        None,
+        0,
+        3,
+    );
+    assert_eq!(chosen_site(&old.outcome), "hydro-dear");
+}
+
+#[test]
+fn balanced_pays_no_premium_for_a_small_saving() {
+    // 9% more money for 5% less carbon is a bad trade: one per cent of cost counts as much as one of carbon.
+    let adverts = vec![
+        site("a-dirty", Tier::Owned, 0.0, 0.0)
+            .gpus("A100", 8, 2.0)
+            .carbon(400)
+            .build(),
+        site("b-bit-cleaner", Tier::Owned, 0.0, 0.0)
+            .gpus("A100", 8, 2.18)
+            .carbon(380)
+            .build(),
+    ];
+    let mut spec = job("k", 1);
+    spec.policy = Some(Policy::Balanced);
+    assert_eq!(chosen_site(&choose(adverts.clone(), &spec, 0)), "a-dirty");
+    assert_eq!(chosen_site(&choose_indexed(adverts, &spec, 0)), "a-dirty");
+}
+
+#[test]
+fn a_carbon_price_moves_work_as_the_price_rises() {
+    // One A100 for an hour: 400 W × PUE 1.2 → 0.48 kWh; coal 384 g, gas 192 g, hydro 10 g. Against coal, gas
+    // saves 192 g for $0.10 ($521/t); hydro saves 182 g more than gas for $0.70 more ($3,846/t).
+    let same = |s: &str| (s.to_owned(), s.to_owned());
+    assert_eq!(under(Policy::CarbonPriceUsdPerT(0.0)), same("coal-cheap"));
+    assert_eq!(under(Policy::CarbonPriceUsdPerT(190.0)), same("coal-cheap"));
+    assert_eq!(under(Policy::CarbonPriceUsdPerT(1000.0)), same("gas-mid"));
+    assert_eq!(
+        under(Policy::CarbonPriceUsdPerT(10_000.0)),
+        same("hydro-dear")
+    );
+}
+
+#[test]
+fn a_cost_premium_takes_the_least_carbon_within_it() {
+    let same = |s: &str| (s.to_owned(), s.to_owned());
+    assert_eq!(under(Policy::MaxCostPremium(0.0)), same("coal-cheap"));
+    assert_eq!(under(Policy::MaxCostPremium(0.04)), same("coal-cheap"));
+    assert_eq!(under(Policy::MaxCostPremium(0.05)), same("gas-mid"));
+    assert_eq!(under(Policy::MaxCostPremium(0.5)), same("hydro-dear"));
+}
+
 #[test]
 fn faster_models_cost_less_per_job_under_the_throughput_table() {
     let adverts = vec![
