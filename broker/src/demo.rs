@@ -254,6 +254,7 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<bool> {
                 count: 0,
                 milli: Some(500),
                 memory_mib: None,
+                model_memory_mib: Default::default(),
                 same_node: false,
                 mig: None,
             },
@@ -278,6 +279,7 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<bool> {
             count: if b.milli.is_some() { 0 } else { b.gpus },
             milli: b.milli,
             memory_mib: None,
+            model_memory_mib: Default::default(),
             same_node: false,
             mig: None,
         };

@@ -332,6 +332,10 @@ pub struct Resources {
     /// Minimum memory per device, MiB.
     #[serde(default)]
     pub memory_mib: Option<u64>,
+    /// Minimum memory per device, MiB, for pools of one of the listed models only (`{"V100": 32768}`: a V100
+    /// must have 32 GiB; the other models in `models` are not held to it). Each key is one of `models`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub model_memory_mib: BTreeMap<String, u64>,
     /// All devices of the job (every replica) in one interconnect domain: one node of the pool
     /// (`devices_per_node` consecutive device indices).
     #[serde(default)]
@@ -351,6 +355,7 @@ impl Resources {
             count,
             milli: None,
             memory_mib: None,
+            model_memory_mib: BTreeMap::new(),
             same_node: false,
             mig: None,
         }

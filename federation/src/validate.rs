@@ -290,6 +290,16 @@ impl Validate for JobSpec {
         for (i, m) in r.models.iter().enumerate() {
             name(&format!("resources.models[{i}]"), m, 64)?;
         }
+        for (m, mib) in &r.model_memory_mib {
+            let field = format!("resources.model_memory_mib.{m}");
+            if !r.models.iter().any(|x| x.eq_ignore_ascii_case(m)) {
+                return bad(
+                    field,
+                    format!("{m:?} is not one of resources.models {:?}", r.models),
+                );
+            }
+            range_u64(&field, *mib, 1, 16 << 20)?;
+        }
         range_u64("replicas", self.replicas.into(), 1, 1024)?;
         if let Some(d) = self.duration_s {
             range_u64("duration_s", d, 1, MAX_DURATION_S)?;

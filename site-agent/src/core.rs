@@ -299,6 +299,7 @@ price_usd_per_hour = 1.0
                     count: 1,
                     milli: None,
                     memory_mib: None,
+                    model_memory_mib: Default::default(),
                     same_node: false,
                     mig: None,
                 },

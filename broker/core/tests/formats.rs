@@ -183,6 +183,31 @@ fn a_format_3_snapshot_plus_the_batches_after_it_is_the_whole_journal() {
     snapshot_plus_the_batches_after_it_is_the_whole_journal(3);
 }
 
+/// Format 4 adds the carbon-price and cost-premium policies, memory per model, and `balanced` at the knee. Its
+/// journal (the format 3 run plus unpinned jobs under those policies) replays to exactly what its broker reported.
+#[test]
+fn a_format_4_journal_replays_to_exactly_what_its_broker_reported_with_its_policies() {
+    let batches = batches(4);
+    assert!(batches.iter().all(|b| b.format == 4));
+    let mut r = reactor(4);
+    r.replay_batches(&batches);
+    r.sanity_check().unwrap();
+    let want: Vec<JobView> = serde_json::from_str(&fixture(4, "jobs.json")).unwrap();
+    assert_eq!(want.len(), 9);
+    same(
+        &serde_json::to_value(job_views(&r)).unwrap(),
+        &serde_json::to_value(&want).unwrap(),
+        "",
+    );
+    let journal = fixture(4, "journal.jsonl");
+    assert!(journal.contains("carbon_price_usd_per_t") && journal.contains("max_cost_premium"));
+}
+
+#[test]
+fn a_format_4_snapshot_plus_the_batches_after_it_is_the_whole_journal() {
+    snapshot_plus_the_batches_after_it_is_the_whole_journal(4);
+}
+
 /// From format 2: the snapshot, restored, plus the batches after it is exactly the state of the whole journal.
 fn snapshot_plus_the_batches_after_it_is_the_whole_journal(format: u32) {
     let batches = batches(format);

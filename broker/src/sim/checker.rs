@@ -86,6 +86,19 @@ pub fn check(fed: &SimFederation, jobs: &[SimJob], schedule: &[ScheduleEntry]) -
                 bad("too little memory".into());
             }
         }
+        if !job.trace_models.is_empty()
+            && !job
+                .trace_models
+                .iter()
+                .any(|alt| trace_alternative_met(alt, &pool.model, pool.memory_mib))
+        {
+            bad(format!(
+                "the trace's gpu_spec {} is not met by {} with {} MiB",
+                job.trace_models.join("|"),
+                pool.model,
+                pool.memory_mib
+            ));
+        }
         let asked: u64 = spec.total_milli();
         let given: u64 = e.devices.iter().map(|d| u64::from(d.milli)).sum();
         if asked != given {
@@ -273,6 +286,25 @@ fn fragmentation(fed: &SimFederation, usage: &Usage) -> f64 {
     }
 }
 
+/// Whether a pool of `model` with `memory_mib` per device meets one alternative of a trace's `gpu_spec` as the
+/// trace writes it: the model's name (`T4`, `G2`), or the name followed by `M` and the memory in GiB (`V100M32`:
+/// a V100 with at least 32 GiB).
+fn trace_alternative_met(alternative: &str, model: &str, memory_mib: u64) -> bool {
+    if alternative.eq_ignore_ascii_case(model) {
+        return true;
+    }
+    let Some(rest) = alternative
+        .get(..model.len())
+        .filter(|head| head.eq_ignore_ascii_case(model))
+        .and_then(|_| alternative.get(model.len()..))
+    else {
+        return false;
+    };
+    rest.strip_prefix(['M', 'm'])
+        .and_then(|gib| gib.parse::<u64>().ok())
+        .is_some_and(|gib| memory_mib >= gib * 1024)
+}
+
 #[cfg(test)]
 mod tests {
     //! The checker must catch what it is there to catch: a correct schedule passes, and each kind of wrong
@@ -308,6 +340,7 @@ mod tests {
                     arrival_ms: START,
                     reference_ms: HOUR_MS,
                     fixed_runtime: false,
+                    trace_models: Vec::new(),
                 }
             })
             .collect()
@@ -363,6 +396,19 @@ mod tests {
         let mut j = jobs.clone();
         j[good[0].job].spec.resources.models = vec!["V100".into()];
         assert!(found(&check(&fed, &j, &good), "not allowed"), "model");
+
+        // A trace constraint broken: the task asked for more memory per device than its pool has (`A100M80`
+        // on a 40 GiB A100), or for undisclosed models only.
+        let site = fed.site(&good[0].site).unwrap();
+        let pool = site.pools.iter().find(|p| p.name == good[0].pool).unwrap();
+        let gib = pool.memory_mib / 1024;
+        let mut j = jobs.clone();
+        j[good[0].job].trace_models = vec![format!("{}M{}", pool.model, gib + 1), "G3".into()];
+        assert!(found(&check(&fed, &j, &good), "gpu_spec"), "trace memory");
+        j[good[0].job].trace_models = vec!["G2".into()];
+        assert!(found(&check(&fed, &j, &good), "gpu_spec G2"), "trace model");
+        j[good[0].job].trace_models = vec!["G2".into(), format!("{}M{gib}", pool.model)];
+        assert!(check(&fed, &j, &good).violations.is_empty(), "met");
 
         // A wrong total: the attempt metered at another price than the site's.
         let mut s = good.clone();

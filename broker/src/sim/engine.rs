@@ -23,6 +23,9 @@ pub struct SimJob {
     pub reference_ms: u64,
     /// Inference replicas run for exactly their window, whatever the model.
     pub fixed_runtime: bool,
+    /// The trace's model alternatives as it states them (`V100M32`, `G2`; empty = any): what the checker
+    /// judges the schedule against, independently of the spec made from them.
+    pub trace_models: Vec<String>,
 }
 
 /// How candidates are ranked in a run.
@@ -444,6 +447,7 @@ mod tests {
                 arrival_ms: SERIES_EPOCH_MS,
                 reference_ms: 60_000,
                 fixed_runtime: false,
+                trace_models: Vec::new(),
             }
         };
         let jobs = vec![job("ok", "A100"), job("never", "V100M32")];

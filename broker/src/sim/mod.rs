@@ -131,6 +131,7 @@ pub fn trace_job_spec(
     rtt_region: Option<String>,
 ) -> JobSpec {
     let (name, location) = city(origin);
+    let (models, model_memory_mib) = trace::model_constraint(&t.models);
     JobSpec {
         v: WIRE_VERSION,
         tenant: TenantId::new(if t.qos.is_empty() {
@@ -150,15 +151,11 @@ pub fn trace_job_spec(
         priority: None,
         resources: Resources {
             kind: AcceleratorKind::Gpu,
-            models: t
-                .models
-                .iter()
-                .filter(|m| !m.starts_with('G'))
-                .map(|m| normalise_model(m))
-                .collect(),
+            models,
             count: if t.milli.is_some() { 0 } else { t.gpus },
             milli: t.milli,
             memory_mib: None,
+            model_memory_mib,
             same_node: false,
             mig: None,
         },
@@ -205,6 +202,7 @@ pub fn trace_jobs(
             arrival_ms: start_ms + t.arrival_s * 1000,
             reference_ms: t.duration_s * 1000,
             fixed_runtime: false,
+            trace_models: t.models.clone(),
         })
         .collect()
 }
@@ -247,11 +245,6 @@ pub fn nearest_region(regions: &[(String, GeoPoint)], p: GeoPoint) -> Option<Str
         .filter(|(d, _)| *d <= REGION_MAP_KM)
         .min_by(|a, b| a.0.total_cmp(&b.0))
         .map(|(_, id)| id.clone())
-}
-
-/// Trace model names carry memory (`V100M16`); the federation names models alone (`V100`).
-fn normalise_model(m: &str) -> String {
-    m.split('M').next().unwrap_or(m).to_owned()
 }
 
 /// The rankings a run set compares.
@@ -368,6 +361,7 @@ fn plan_inference(
                 arrival_ms: opts.start_ms,
                 reference_ms: window_ms,
                 fixed_runtime: true,
+                trace_models: Vec::new(),
             });
         }
     }

@@ -11,6 +11,7 @@
 //!   `gpu_spec` is a `|`-separated list of allowed models (empty = any).
 
 use meridian_federation::GeoPoint;
+use std::collections::BTreeMap;
 
 /// One GPU task of the trace.
 #[derive(Clone, Debug, PartialEq)]
@@ -93,6 +94,46 @@ pub fn parse_alibaba(text: &str) -> Result<Trace, String> {
         });
     }
     Ok(trace)
+}
+
+/// The model constraint a trace's `gpu_spec` alternatives state: the models allowed, and for each model whose
+/// every alternative carries a memory suffix, the least memory they allow (MiB). `V100M32` is a V100 with at least
+/// 32 GiB per device; `V100M16|V100M32` is a V100 with at least 16 GiB; `T4|V100M32` is any T4 or a V100 with
+/// 32 GiB; the undisclosed models `G1`, `G2`, `G3` are model names like any other.
+pub fn model_constraint(alternatives: &[String]) -> (Vec<String>, BTreeMap<String, u64>) {
+    let mut models: Vec<String> = Vec::new();
+    let mut memory: BTreeMap<String, Option<u64>> = BTreeMap::new();
+    for alt in alternatives {
+        let (model, gib) = split_memory_suffix(alt);
+        if !models.iter().any(|m| m.eq_ignore_ascii_case(&model)) {
+            models.push(model.clone());
+        }
+        let entry = memory.entry(model).or_insert(gib);
+        *entry = match (*entry, gib) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            _ => None,
+        };
+    }
+    let memory = memory
+        .into_iter()
+        .filter_map(|(m, gib)| gib.map(|g| (m, g * 1024)))
+        .collect();
+    (models, memory)
+}
+
+/// `V100M32` → (`V100`, 32); a name without a memory suffix is the model itself. A suffix is `M` and digits after
+/// a name that ends in a digit (`MI300` and `A100` have none).
+fn split_memory_suffix(alt: &str) -> (String, Option<u64>) {
+    if let Some(i) = alt.rfind(['M', 'm']) {
+        let (head, tail) = (&alt[..i], &alt[i + 1..]);
+        let digits = !tail.is_empty() && tail.bytes().all(|b| b.is_ascii_digit());
+        if digits && head.ends_with(|c: char| c.is_ascii_digit()) {
+            if let Ok(gib) = tail.parse::<u64>() {
+                return (head.to_owned(), Some(gib));
+            }
+        }
+    }
+    (alt.to_owned(), None)
 }
 
 /// Parses the Azure LLM inference trace (`TIMESTAMP,ContextTokens,GeneratedTokens`) into request times in
@@ -221,6 +262,31 @@ mod tests {
         assert_eq!(t.tasks[1].models, vec!["V100M16", "V100M32"]);
         let err = parse_alibaba(&text.replace("p0,1,1,1,", "p0,1,1,x,")).expect_err("bad count");
         assert!(err.contains("row 2"), "{err}");
+    }
+
+    #[test]
+    fn model_constraints_are_kept_as_the_trace_states_them() {
+        let c = |alts: &[&str]| {
+            model_constraint(&alts.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+        };
+        let (models, memory) = c(&["V100M16", "V100M32"]);
+        assert_eq!(models, vec!["V100"]);
+        assert_eq!(memory.get("V100"), Some(&(16 * 1024)));
+        let (models, memory) = c(&["V100M32"]);
+        assert_eq!(
+            (models, memory.get("V100")),
+            (vec!["V100".to_owned()], Some(&(32 * 1024)))
+        );
+        let (models, memory) = c(&["T4", "V100M32", "G2"]);
+        assert_eq!(models, vec!["T4", "V100", "G2"]);
+        assert_eq!(memory.len(), 1);
+        assert_eq!(memory.get("V100"), Some(&(32 * 1024)));
+        // A V100 named both bare and with memory: any V100 will do.
+        let (_, memory) = c(&["V100", "V100M32"]);
+        assert!(memory.is_empty());
+        let (models, memory) = c(&["G1", "G3", "MI300", "A100"]);
+        assert_eq!(models, vec!["G1", "G3", "MI300", "A100"]);
+        assert!(memory.is_empty());
     }
 
     #[test]

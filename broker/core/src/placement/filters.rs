@@ -102,7 +102,12 @@ fn pool_reject(pool: &Pool, spec: &JobSpec) -> Option<Reject> {
     if !pool.model_allowed(&r.models) {
         return Some(Reject::ModelNotAllowed(pool.model.clone()));
     }
-    if let Some(need) = r.memory_mib {
+    let for_model = r
+        .model_memory_mib
+        .iter()
+        .find(|(m, _)| m.eq_ignore_ascii_case(&pool.model))
+        .map(|(_, mib)| *mib);
+    if let Some(need) = r.memory_mib.into_iter().chain(for_model).max() {
         if pool.memory_mib < need {
             return Some(Reject::TooLittleMemory {
                 has_mib: pool.memory_mib,

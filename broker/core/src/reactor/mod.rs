@@ -223,15 +223,21 @@ impl<J: Journal> Reactor<J> {
                         ),
                     });
                 }
-                if matches!(
+                let newer = if matches!(
                     spec.policy,
                     Some(Policy::CarbonPriceUsdPerT(_) | Policy::MaxCostPremium(_))
-                ) && self.state.format() < KNEE_FORMAT
-                {
+                ) {
+                    Some(("policy", "the carbon-price and cost-premium policies"))
+                } else if !spec.resources.model_memory_mib.is_empty() {
+                    Some(("resources.model_memory_mib", "memory per model"))
+                } else {
+                    None
+                };
+                if let Some((field, what)) = newer.filter(|_| self.state.format() < KNEE_FORMAT) {
                     return Err(StepError::Invalid {
-                        field: "policy".into(),
+                        field: field.into(),
                         problem: format!(
-                            "the carbon-price and cost-premium policies are kept from durable format {KNEE_FORMAT}; the journal is in format {}: run `meridian journal upgrade-format` once every broker runs this release",
+                            "{what} are kept from durable format {KNEE_FORMAT}; the journal is in format {}: run `meridian journal upgrade-format` once every broker runs this release",
                             self.state.format()
                         ),
                     });
