@@ -36,10 +36,11 @@ pub enum Ranking {
 }
 
 impl Ranking {
-    pub fn name(&self) -> &'static str {
+    /// The policy with its parameter (`balanced`, `carbon-price=190`) or the baseline's name.
+    pub fn name(&self) -> String {
         match self {
-            Ranking::Policy(p) => p.name(),
-            Ranking::Baseline(b) => b.name(),
+            Ranking::Policy(p) => p.label(),
+            Ranking::Baseline(b) => b.name().to_owned(),
         }
     }
 }

@@ -32,12 +32,18 @@ pub struct SimOptions {
     pub inference: Option<PathBuf>,
     #[arg(long, default_value = "configs/sim/federation.toml")]
     pub federation: PathBuf,
-    /// Run only this policy or baseline.
+    /// Run only these policies or baselines, comma-separated: latency, cost, green, balanced,
+    /// carbon-price=USD_PER_T, max-cost-premium=FRACTION, fifo-first-fit, nearest, cheapest, greenest,
+    /// cheapest-list-price, greenest-grid.
     #[arg(long)]
     pub policy: Option<String>,
-    /// Also run the baselines fifo-first-fit, nearest, cheapest, greenest.
+    /// Also run the baselines fifo-first-fit, nearest, cheapest, greenest, cheapest-list-price, greenest-grid.
     #[arg(long)]
     pub baselines: bool,
+    /// Also sweep the carbon price (0 to 12,800 USD/t) and report the cost–kgCO2e front, with where each run
+    /// lands against it (and, with --plot, draw it).
+    #[arg(long)]
+    pub front: bool,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Trace time 0 maps to this instant (UTC, `YYYY-MM-DDTHH:MMZ`).
@@ -62,7 +68,7 @@ pub struct SimOptions {
     /// Write an SVG chart of cost against kgCO2e per run.
     #[arg(long)]
     pub plot: Option<PathBuf>,
-    /// Write each run's schedule (job name → site) as JSON.
+    /// Write every attempt of every run as JSON lines (see the README's "Simulator schedule").
     #[arg(long)]
     pub schedule: Option<PathBuf>,
 }
@@ -98,6 +104,9 @@ pub struct RunReport {
     pub unplaceable_why: BTreeMap<String, usize>,
     /// Per tenant (with a tenancy): jobs' waits and share of the device-hours.
     pub tenants: Vec<TenantFigures>,
+    /// With `--front`: the sweep points that beat this run on both cost and kgCO2e by more than 1%.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub dominated_by: Vec<String>,
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -120,6 +129,18 @@ pub struct SimReport {
     pub cpu_only: usize,
     pub inference_requests: usize,
     pub inference_replicas: usize,
+    /// With `--front`: one point per carbon price of the sweep, cheapest first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub front: Vec<FrontPoint>,
+}
+
+/// One point of the cost–kgCO2e front: a run under `carbon-price=…`.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct FrontPoint {
+    pub carbon_price_usd_per_t: f64,
+    pub cost_usd: f64,
+    pub co2_kg: f64,
+    pub violations: usize,
 }
 
 /// The job spec a trace task becomes: its GPUs (or share), its duration on the reference model, and its
@@ -247,6 +268,11 @@ pub fn nearest_region(regions: &[(String, GeoPoint)], p: GeoPoint) -> Option<Str
         .map(|(_, id)| id.clone())
 }
 
+/// The carbon prices of the `--front` sweep, USD per tonne CO2e.
+pub const FRONT_PRICES: [f64; 11] = [
+    0.0, 25.0, 50.0, 100.0, 190.0, 400.0, 800.0, 1600.0, 3200.0, 6400.0, 12800.0,
+];
+
 /// The rankings a run set compares.
 pub fn rankings(policy: Option<&str>, baselines: bool) -> anyhow::Result<Vec<Ranking>> {
     let all = [
@@ -254,18 +280,23 @@ pub fn rankings(policy: Option<&str>, baselines: bool) -> anyhow::Result<Vec<Ran
         Policy::Cost,
         Policy::Green,
         Policy::Balanced,
+        Policy::CarbonPriceUsdPerT(190.0),
+        Policy::MaxCostPremium(0.05),
     ];
     let mut out: Vec<Ranking> = match policy {
         None => all.into_iter().map(Ranking::Policy).collect(),
-        Some(name) => match all.iter().find(|p| p.name() == name) {
-            Some(p) => vec![Ranking::Policy(p.clone())],
-            None => match Baseline::parse(name) {
-                Some(b) => vec![Ranking::Baseline(b)],
-                None => anyhow::bail!(
-                    "unknown policy {name:?}; known: latency, cost, green, balanced, fifo-first-fit, nearest, cheapest, greenest"
-                ),
-            },
-        },
+        Some(names) => names
+            .split(',')
+            .map(str::trim)
+            .map(|name| match Baseline::parse(name) {
+                Some(b) => Ok(Ranking::Baseline(b)),
+                None => Policy::parse_label(name).map(Ranking::Policy).map_err(|e| {
+                    anyhow::anyhow!(
+                        "--policy: {e}; baselines: fifo-first-fit, nearest, cheapest, greenest, cheapest-list-price, greenest-grid"
+                    )
+                }),
+            })
+            .collect::<anyhow::Result<_>>()?,
     };
     if baselines {
         for b in Baseline::ALL {
@@ -442,10 +473,8 @@ pub fn simulate(opts: &SimOptions) -> anyhow::Result<Simulated> {
         }
         None => None,
     };
-    let mut runs = Vec::new();
-    let mut schedules = Vec::new();
-    for ranking in rankings(opts.policy.as_deref(), opts.baselines)? {
-        let out = engine::run(&fed, &jobs, &ranking, opts.start_ms, tenancy.as_deref())?;
+    let run_one = |ranking: &Ranking| -> anyhow::Result<(RunReport, Vec<engine::ScheduleEntry>)> {
+        let out = engine::run(&fed, &jobs, ranking, opts.start_ms, tenancy.as_deref())?;
         let checked = checker::check(&fed, &jobs, &out.schedule);
         let mut waits = checked.waits_s.clone();
         waits.sort_by(f64::total_cmp);
@@ -472,8 +501,8 @@ pub fn simulate(opts: &SimOptions) -> anyhow::Result<Simulated> {
             }
             None => (None, None),
         };
-        runs.push(RunReport {
-            policy: ranking.name().to_owned(),
+        let report = RunReport {
+            policy: ranking.name(),
             jobs: jobs.len(),
             cost_usd: round(checked.cost_usd, 2),
             energy_kwh: round(checked.energy_kwh, 1),
@@ -528,11 +557,38 @@ pub fn simulate(opts: &SimOptions) -> anyhow::Result<Simulated> {
             } else {
                 Vec::new()
             },
-        });
+            dominated_by: Vec::new(),
+        };
         for v in checked.violations.iter().take(5) {
             tracing::warn!("{}: violation: {v}", ranking.name());
         }
-        schedules.push((ranking.name().to_owned(), out.schedule));
+        Ok((report, out.schedule))
+    };
+    let mut runs = Vec::new();
+    let mut schedules = Vec::new();
+    for ranking in rankings(opts.policy.as_deref(), opts.baselines)? {
+        let (report, schedule) = run_one(&ranking)?;
+        schedules.push((ranking.name(), schedule));
+        runs.push(report);
+    }
+    let mut front = Vec::new();
+    if opts.front {
+        for price in FRONT_PRICES {
+            let (r, _) = run_one(&Ranking::Policy(Policy::CarbonPriceUsdPerT(price)))?;
+            front.push(FrontPoint {
+                carbon_price_usd_per_t: price,
+                cost_usd: r.cost_usd,
+                co2_kg: r.co2_kg,
+                violations: r.violations,
+            });
+        }
+        for r in &mut runs {
+            r.dominated_by = front
+                .iter()
+                .filter(|p| p.cost_usd < 0.99 * r.cost_usd && p.co2_kg < 0.99 * r.co2_kg)
+                .map(|p| format!("carbon-price={}", p.carbon_price_usd_per_t))
+                .collect();
+        }
     }
     Ok((
         SimReport {
@@ -541,6 +597,7 @@ pub fn simulate(opts: &SimOptions) -> anyhow::Result<Simulated> {
             cpu_only: tr.cpu_only,
             inference_requests: requests.len(),
             inference_replicas: replica_count,
+            front,
         },
         schedules,
         jobs,
@@ -550,9 +607,10 @@ pub fn simulate(opts: &SimOptions) -> anyhow::Result<Simulated> {
 /// The report as an aligned table.
 pub fn table(r: &SimReport) -> String {
     let mut s = format!(
-        "{:<15} {:>6} {:>12} {:>11} {:>10} {:>9} {:>10} {:>7} {:>8} {:>7} {:>6} {:>4}\n",
+        "{:<22} {:>6} {:>6} {:>12} {:>11} {:>10} {:>9} {:>10} {:>7} {:>8} {:>7} {:>6} {:>4}\n",
         "POLICY",
         "JOBS",
+        "UNPL",
         "COST $",
         "ENERGY kWh",
         "CO2 kg",
@@ -568,9 +626,10 @@ pub fn table(r: &SimReport) -> String {
         let opt =
             |v: Option<f64>, d: usize| v.map(|v| format!("{v:.d$}")).unwrap_or_else(|| "-".into());
         s.push_str(&format!(
-            "{:<15} {:>6} {:>12.2} {:>11.1} {:>10.1} {:>9.1} {:>10.1} {:>7} {:>8} {:>7.4} {:>6.4} {:>4}\n",
+            "{:<22} {:>6} {:>6} {:>12.2} {:>11.1} {:>10.1} {:>9.1} {:>10.1} {:>7} {:>8} {:>7.4} {:>6.4} {:>4}\n",
             x.policy,
             x.jobs,
+            x.unplaceable,
             x.cost_usd,
             x.energy_kwh,
             x.co2_kg,
@@ -594,6 +653,38 @@ pub fn table(r: &SimReport) -> String {
             ));
         }
     }
+    if !r.front.is_empty() {
+        s.push_str("\nFRONT (carbon price sweep)      COST $     CO2 kg  RUNS AT OR NEAR IT\n");
+        for p in &r.front {
+            let near: Vec<&str> = r
+                .runs
+                .iter()
+                .filter(|x| {
+                    (x.cost_usd - p.cost_usd).abs() <= 0.01 * p.cost_usd
+                        && (x.co2_kg - p.co2_kg).abs() <= 0.01 * p.co2_kg
+                })
+                .map(|x| x.policy.as_str())
+                .collect();
+            s.push_str(&format!(
+                "  carbon-price={:<14} {:>10.2} {:>10.1}  {}\n",
+                p.carbon_price_usd_per_t,
+                p.cost_usd,
+                p.co2_kg,
+                near.join(", ")
+            ));
+        }
+        for x in &r.runs {
+            s.push_str(&format!(
+                "  {:<22} {}\n",
+                x.policy,
+                if x.dominated_by.is_empty() {
+                    "on the front: no sweep point is cheaper and cleaner by more than 1%".to_owned()
+                } else {
+                    format!("beaten on both axes by {}", x.dominated_by.join(", "))
+                }
+            ));
+        }
+    }
     s.push_str(&format!(
         "\n{} trace rows never ran (no scheduled_time) and {} ask for no GPU: not submitted. Inference: {} requests, {} replicas.\n",
         r.never_ran, r.cpu_only, r.inference_requests, r.inference_replicas
@@ -604,8 +695,18 @@ pub fn table(r: &SimReport) -> String {
 /// An SVG scatter of cost against kgCO2e, one labelled point per run.
 pub fn plot_svg(r: &SimReport) -> String {
     let (w, h, m) = (640.0, 420.0, 60.0);
-    let xs: Vec<f64> = r.runs.iter().map(|x| x.cost_usd).collect();
-    let ys: Vec<f64> = r.runs.iter().map(|x| x.co2_kg).collect();
+    let xs: Vec<f64> = r
+        .runs
+        .iter()
+        .map(|x| x.cost_usd)
+        .chain(r.front.iter().map(|p| p.cost_usd))
+        .collect();
+    let ys: Vec<f64> = r
+        .runs
+        .iter()
+        .map(|x| x.co2_kg)
+        .chain(r.front.iter().map(|p| p.co2_kg))
+        .collect();
     let span = |v: &[f64]| {
         let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
         let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -623,6 +724,30 @@ pub fn plot_svg(r: &SimReport) -> String {
          <text x=\"15\" y=\"{}\" transform=\"rotate(-90 15 {})\" text-anchor=\"middle\">kgCO2e {y0:.0} – {y1:.0}</text>\n",
         h - m, w - m, h - m, h - m, w / 2.0, h - 20.0, h / 2.0, h / 2.0
     );
+    if !r.front.is_empty() {
+        let points: Vec<String> = r
+            .front
+            .iter()
+            .map(|p| format!("{:.1},{:.1}", px(p.cost_usd), py(p.co2_kg)))
+            .collect();
+        s.push_str(&format!(
+            "<polyline points=\"{}\" fill=\"none\" stroke=\"#888\" stroke-dasharray=\"4 3\"/>\n",
+            points.join(" ")
+        ));
+        for p in &r.front {
+            s.push_str(&format!(
+                "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"#888\"><title>carbon-price={} USD/t</title></circle>\n",
+                px(p.cost_usd),
+                py(p.co2_kg),
+                p.carbon_price_usd_per_t
+            ));
+        }
+        s.push_str(&format!(
+            "<text x=\"{:.1}\" y=\"{:.1}\" fill=\"#888\">front: carbon price 0 – 12,800 USD/t</text>\n",
+            w - m - 230.0,
+            m - 10.0
+        ));
+    }
     for x in &r.runs {
         let (cx, cy) = (px(x.cost_usd), py(x.co2_kg));
         s.push_str(&format!(
@@ -636,6 +761,33 @@ pub fn plot_svg(r: &SimReport) -> String {
     s
 }
 
+/// One attempt of a run's schedule, as `--schedule` writes it (one JSON object per line).
+#[derive(Serialize)]
+struct ScheduleLine<'a> {
+    policy: &'a str,
+    /// The trace task's name.
+    job: &'a str,
+    job_id: &'a str,
+    attempt: u32,
+    site: &'a str,
+    pool: &'a str,
+    model: String,
+    devices: Vec<DeviceLine>,
+    start_ms: u64,
+    end_ms: u64,
+    /// `finished` (ran to its end) or `preempted` (stopped to give quota back; the job ran again later).
+    ended: &'static str,
+    cost_micro_usd: u64,
+    energy_wh: u64,
+    co2_g: u64,
+}
+
+#[derive(Serialize)]
+struct DeviceLine {
+    index: u32,
+    milli: u32,
+}
+
 /// Writes what the command line asked for beside the report: the SVG plot and the schedules.
 pub fn write_outputs(opts: &SimOptions, sim: &Simulated) -> anyhow::Result<()> {
     let (report, schedules, jobs) = sim;
@@ -644,23 +796,43 @@ pub fn write_outputs(opts: &SimOptions, sim: &Simulated) -> anyhow::Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     if let Some(path) = &opts.schedule {
-        let map: BTreeMap<String, BTreeMap<String, String>> = schedules
-            .iter()
-            .map(|(name, entries)| {
-                let sites = entries
-                    .iter()
-                    .map(|e| {
-                        (
-                            jobs[e.job].spec.name.clone().unwrap_or_default(),
-                            e.site.to_string(),
-                        )
-                    })
-                    .collect();
-                (name.clone(), sites)
-            })
-            .collect();
-        std::fs::write(path, serde_json::to_string_pretty(&map)?)
-            .with_context(|| format!("writing {}", path.display()))?;
+        let fed = SimFederation::load(&opts.federation)?;
+        let mut text = String::new();
+        for (policy, entries) in schedules {
+            for e in entries {
+                let model = fed
+                    .site(&e.site)
+                    .and_then(|s| s.pools.iter().find(|p| p.name == e.pool))
+                    .map(|p| p.model.clone())
+                    .unwrap_or_default();
+                let line = ScheduleLine {
+                    policy,
+                    job: jobs[e.job].spec.name.as_deref().unwrap_or(""),
+                    job_id: e.job_id.as_str(),
+                    attempt: e.attempt,
+                    site: e.site.as_str(),
+                    pool: &e.pool,
+                    model,
+                    devices: e
+                        .devices
+                        .iter()
+                        .map(|d| DeviceLine {
+                            index: d.index,
+                            milli: d.milli,
+                        })
+                        .collect(),
+                    start_ms: e.start_ms,
+                    end_ms: e.end_ms,
+                    ended: if e.stopped { "preempted" } else { "finished" },
+                    cost_micro_usd: e.metered.cost_micro_usd,
+                    energy_wh: e.metered.energy_wh,
+                    co2_g: e.metered.co2_g,
+                };
+                text.push_str(&serde_json::to_string(&line)?);
+                text.push('\n');
+            }
+        }
+        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
 }
