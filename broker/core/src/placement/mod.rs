@@ -32,12 +32,18 @@
 //!
 //! `latency`, `cost` and `green` are single-criterion: the candidate best on their first term wins and the
 //! other terms only break exact ties (cost → carbon → latency; carbon → energy → cost; latency → cost →
-//! carbon); their weights above give the score shown in explanations. `balanced` and explicit weights choose
-//! the lowest score. A job without a policy gets `latency` if it is an inference job, else `balanced`.
+//! carbon); their weights above give the score shown in explanations. Explicit weights choose the lowest score.
+//! `balanced` (from durable format 4, [`Rule::Knee`]) chooses among the candidates costing at most
+//! [`BALANCED_MAX_PREMIUM`] more than the cheapest the lowest `cost/cost₀ + CO2/CO2₀` (+ the latency and data
+//! terms as weighted above), with `cost₀`, `CO2₀` the cheapest candidate's: each term counts as a share of the
+//! job's own cheapest bill and footprint, not by how much it varies across sites (in earlier formats it is the
+//! weighted score, which let carbon, the term that varies most, decide). `{ carbon_price_usd_per_t = P }` chooses
+//! the lowest `cost + P × CO2`; `{ max_cost_premium = F }` the least carbon within `1 + F` times the cheapest
+//! cost. A job without a policy gets `latency` if it is an inference job, else `balanced`.
 //!
 //! ## Time
 //! A job whose start window has not opened waits for it. A candidate on which the job, started now, would
-//! finish after its deadline is rejected. A job with a deadline placed under `green` or `balanced` may be
+//! finish after its deadline is rejected. A job with a deadline placed under `green`, `balanced` or a carbon policy may be
 //! deferred: if a later whole hour (within the site's forecast, and early enough to meet the deadline) cuts the
 //! run's mean grid intensity at the chosen site by at least 10%, the job waits for that hour.
 //!
