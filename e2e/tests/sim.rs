@@ -112,8 +112,9 @@ fn every_policy_and_baseline_runs_the_full_trace_and_none_beats_balanced_on_both
 }
 
 /// The second federation, where cost and carbon disagree (cheap capacity on coal- and gas-heavy grids, clean
-/// capacity dearer): `balanced` trades — it costs at most 1.15× the `cost` policy and emits less — and the carbon
-/// price sweep's front beats neither it nor the cost-premium policy on both axes by more than 1%.
+/// capacity dearer): `balanced` trades — it costs at most 1.15× the `cost` policy and emits at most 0.90× its
+/// carbon — and the carbon price sweep's front beats neither it nor the cost-premium policy on both axes by more
+/// than 1%.
 #[test]
 fn on_a_federation_where_cost_and_carbon_disagree_balanced_trades_and_sits_on_the_front() {
     let trace = data("alibaba-gpu-v2023/openb_pod_list_default.csv");
@@ -140,8 +141,9 @@ fn on_a_federation_where_cost_and_carbon_disagree_balanced_trades_and_sits_on_th
     let (c, g, b) = (run(&v, "cost"), run(&v, "green"), run(&v, "balanced"));
     // Cost and carbon do disagree here: green emits far less and costs far more.
     assert!(co2(g) < 0.5 * co2(c) && cost(g) > 1.5 * cost(c), "{g}\n{c}");
+    // The knee rule: at most 1.15× the cost policy's money for at most 0.90× its carbon.
     assert!(cost(b) <= 1.15 * cost(c), "{b}\n{c}");
-    assert!(co2(b) < co2(c), "{b}\n{c}");
+    assert!(co2(b) <= 0.90 * co2(c), "{b}\n{c}");
     for name in ["balanced", "max-cost-premium=0.05"] {
         let r = run(&v, name);
         assert!(r.get("dominated_by").is_none(), "{r}");

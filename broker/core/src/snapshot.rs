@@ -41,6 +41,9 @@ pub struct Snapshot {
     /// Revoked sites. (Format 3.)
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub revoked_sites: Vec<meridian_federation::SiteId>,
+    /// What each tenant's jobs under a premium rule have spent (tenant, policy, spent). (Format 4.)
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub premiums: Vec<(TenantId, String, crate::placement::Spent)>,
 }
 
 fn changed() -> bool {
@@ -73,6 +76,11 @@ impl State {
             recent_runs: self.recent_runs.clone(),
             tokens: self.tokens.values().cloned().collect(),
             revoked_sites: self.revoked_sites.iter().cloned().collect(),
+            premiums: self
+                .premiums
+                .iter()
+                .map(|((t, p), s)| (t.clone(), p.clone(), *s))
+                .collect(),
         }
     }
 }

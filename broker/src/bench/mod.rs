@@ -178,6 +178,7 @@ impl Bench {
                 refused: &[],
                 capped: &[],
                 baseline: None,
+                spent: Default::default(),
             },
             0,
         );

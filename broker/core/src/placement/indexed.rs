@@ -2,7 +2,7 @@
 
 use super::filters::{judge_pool, site_reject, PoolJudgement};
 use super::scan::place_over;
-use super::terms::{score, within_premium, PerTerm, Rule, Term, Terms};
+use super::terms::{score, PerTerm, Rule, Term, Terms};
 use super::{policy_of, weights, Decision, Outcome, Request, View, DEFAULT_DURATION_S};
 use crate::index::{Objective, SiteIndex};
 use crate::latency;
@@ -216,12 +216,12 @@ pub(super) fn place_indexed<'a>(
         if !found {
             continue;
         }
-        if let Some(p) = premium {
-            let cheapest = best.get(Term::Cost);
+        if premium.is_some() {
+            let limit = req.spent.limit(rule, best.get(Term::Cost));
             // Every pool whose cost may be within the premium of the cheapest is examined.
             for (term, list) in lists(view, spec, index, tier, &used, duration_ms) {
                 for (lower, id, pool_name) in list {
-                    if !within_premium(lower, cheapest, p) {
+                    if lower > limit {
                         break;
                     }
                     examine(view, req, now, id, pool_name, duration_ms, &mut examined);

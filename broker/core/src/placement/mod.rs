@@ -62,7 +62,9 @@ pub use baseline::Baseline;
 pub use defer::{DEFER_HORIZON_H, DEFER_MIN_SAVING};
 pub use filters::fit_now;
 pub use terms::user_latency;
-pub use terms::{within_premium, Rule, Term, Terms, BALANCED_MAX_PREMIUM, KNEE_FORMAT};
+pub use terms::{
+    Rule, Spent, Term, Terms, BALANCED_MAX_PREMIUM, BALANCED_MAX_PREMIUM_PER_JOB, KNEE_FORMAT,
+};
 
 use crate::index::SiteIndex;
 use crate::latency::RttTable;
@@ -107,6 +109,9 @@ pub struct Request<'a> {
     pub capped: &'a [(SiteId, String)],
     /// Rank by a simple baseline instead of the job's policy (the simulator's comparisons).
     pub baseline: Option<Baseline>,
+    /// What the tenant's jobs under this job's premium rule have spent so far (rules without a premium ignore
+    /// it; none = nothing yet).
+    pub spent: Spent,
 }
 
 /// Why a candidate was not chosen.

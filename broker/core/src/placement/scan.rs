@@ -173,7 +173,7 @@ pub(super) fn place_over<'s>(
             continue;
         };
         let values = t.values();
-        let (ranked, score) = rank(rule, &values, &best, &cheapest, &ws);
+        let (ranked, score) = rank(rule, &values, &best, &cheapest, &ws, &req.spent);
         t.score = score;
         let key: Vec<f64> = match req.baseline {
             Some(_) => base_key.clone().unwrap_or_default(),

@@ -152,8 +152,44 @@ pub fn score(values: &PerTerm, best: &PerTerm, weights: &PerTerm, terms: &[Term]
         .sum()
 }
 
-/// The share over the cheapest candidate's cost that `balanced` may spend for less carbon (see [`Rule::Knee`]).
+/// The share over the cheapest placements that `balanced` may spend for less carbon, counted over a tenant's
+/// `balanced` jobs together (see [`Rule::Knee`] and [`Spent`]).
 pub const BALANCED_MAX_PREMIUM: f64 = 0.10;
+
+/// The most `balanced` spends over the cheapest candidate on any one job, whatever its tenant has saved.
+pub const BALANCED_MAX_PREMIUM_PER_JOB: f64 = 0.5;
+
+/// What the jobs of one tenant placed under one premium rule have cost so far, against what the cheapest
+/// candidate of each would have cost: the premium they may still spend is `(1 + premium) × cheapest − chosen`.
+/// A premium left unspent by one job can be spent by a later one, so that the tenant's work as a whole, not each
+/// job alone, stays within the premium.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Spent {
+    pub chosen_micro_usd: u64,
+    pub cheapest_micro_usd: u64,
+}
+
+impl Spent {
+    /// The highest cost a candidate may have when the cheapest costs `min_cost`.
+    pub fn limit(&self, rule: Rule, min_cost: f64) -> f64 {
+        let Some(premium) = rule.premium() else {
+            return f64::INFINITY;
+        };
+        let banked = (1.0 + premium) * (self.cheapest_micro_usd as f64 + min_cost)
+            - self.chosen_micro_usd as f64
+            + Term::Cost.floor() * premium;
+        let limit = banked.max(min_cost);
+        match rule {
+            Rule::Knee(_) => limit.min(min_cost * (1.0 + BALANCED_MAX_PREMIUM_PER_JOB)),
+            _ => limit,
+        }
+    }
+
+    pub fn add(&mut self, chosen_micro_usd: u64, cheapest_micro_usd: u64) {
+        self.chosen_micro_usd = self.chosen_micro_usd.saturating_add(chosen_micro_usd);
+        self.cheapest_micro_usd = self.cheapest_micro_usd.saturating_add(cheapest_micro_usd);
+    }
+}
 
 /// The first durable format whose `balanced` is [`Rule::Knee`] and which knows the carbon-price and
 /// cost-premium policies. A journal in an earlier format keeps the rules it was written under, so that replay
@@ -170,14 +206,14 @@ pub enum Rule {
     /// The lowest `cost + price × CO2`: carbon internalised at a price in USD per tonne (which is micro-USD per
     /// gram, so the sum is in micro-USD).
     CarbonPrice(f64),
-    /// Among the candidates costing at most `1 + premium` times the cheapest one, the least carbon (then the
-    /// least cost).
+    /// Among the candidates within the premium the tenant may still spend ([`Spent::limit`]), the least carbon
+    /// (then the least cost).
     LeastCarbonWithin(f64),
-    /// `balanced`: among the candidates costing at most `1 + premium` times the cheapest one, the lowest
-    /// `cost / cost₀ + CO2 / CO2₀` (+ the latency and data terms, normalised as for weights), where `cost₀` and
-    /// `CO2₀` are those of the cheapest candidate. Each term counts as a share of the job's own cheapest bill
-    /// and footprint — one per cent of the money against one per cent of the carbon — not by how much it varies
-    /// across sites.
+    /// `balanced`: among the candidates within the premium the tenant may still spend ([`Spent::limit`], and at
+    /// most [`BALANCED_MAX_PREMIUM_PER_JOB`] over the cheapest on one job), the lowest `cost / cost₀ + CO2 / CO2₀`
+    /// (+ the latency and data terms, normalised as for weights), where `cost₀` and `CO2₀` are those of the
+    /// cheapest candidate. Each term counts as a share of the job's own cheapest bill and footprint — one per
+    /// cent of the money against one per cent of the carbon — not by how much it varies across sites.
     Knee(f64),
 }
 
@@ -204,12 +240,6 @@ impl Rule {
     }
 }
 
-/// Whether a candidate's cost is within `premium` of the cheapest (`min_cost`), with the cost floor as slack so
-/// that a free cheapest candidate does not exclude one costing a fraction of a cent.
-pub fn within_premium(cost: f64, min_cost: f64, premium: f64) -> bool {
-    cost <= min_cost * (1.0 + premium) + Term::Cost.floor() * premium
-}
-
 /// The key a rule ranks a candidate by (lower wins; candidates are compared in site-id order, so the first of
 /// equal keys wins) and the score an explanation shows. `cheapest` is the values of the cheapest candidate
 /// (by cost, then carbon, then latency) and `best` the best value of each term among the candidates.
@@ -219,10 +249,12 @@ pub fn rank(
     best: &PerTerm,
     cheapest: &PerTerm,
     weights: &PerTerm,
+    spent: &Spent,
 ) -> (Vec<f64>, f64) {
     let weighted = score(values, best, weights, &Term::ALL);
-    let over = |p: f64| {
-        if within_premium(values.get(Term::Cost), cheapest.get(Term::Cost), p) {
+    let limit = spent.limit(rule, cheapest.get(Term::Cost));
+    let over = |_: f64| {
+        if values.get(Term::Cost) <= limit {
             0.0
         } else {
             1.0

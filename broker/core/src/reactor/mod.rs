@@ -646,6 +646,11 @@ impl<J: Journal> Reactor<J> {
         st.tokens = snap.tokens.into_iter().map(|t| (t.id.clone(), t)).collect();
         st.tokens_generation = 1;
         st.revoked_sites = snap.revoked_sites.into_iter().collect();
+        st.premiums = snap
+            .premiums
+            .into_iter()
+            .map(|(t, p, s)| ((t, p), s))
+            .collect();
         self.state = st;
         self.refile_all();
     }

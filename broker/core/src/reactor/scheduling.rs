@@ -283,6 +283,7 @@ impl<J: Journal> Reactor<J> {
                 }
                 Outcome::Place(choice) => {
                     let choice = choice.clone();
+                    self.count_premium(id, &decision);
                     self.offer(now, id, &choice, decision);
                     tried.placed = true;
                 }
@@ -349,6 +350,7 @@ impl<J: Journal> Reactor<J> {
             refused: &refused,
             capped: &capped,
             baseline: self.baseline,
+            spent: self.spent(&job.spec),
         };
         let mut decision = placement::place(self.view(), request, now);
         // Budget: expected spend at the chosen placement.
@@ -379,6 +381,47 @@ impl<J: Journal> Reactor<J> {
         Some(decision)
     }
 
+    /// The premium rule a job is placed under, and the key its spending is counted under; none for rules
+    /// without a premium, baselines, and journals before format 4.
+    fn premium_key(&self, spec: &JobSpec) -> Option<(TenantId, String)> {
+        let policy = placement::policy_of(spec);
+        let rule = placement::Rule::of(&policy, self.state.format());
+        (self.baseline.is_none() && rule.premium().is_some())
+            .then(|| (spec.tenant.clone(), policy.label()))
+    }
+
+    /// What the job's tenant has spent under the job's premium rule.
+    fn spent(&self, spec: &JobSpec) -> placement::Spent {
+        self.premium_key(spec)
+            .and_then(|k| self.state.premiums.get(&k).copied())
+            .unwrap_or_default()
+    }
+
+    /// Counts a placement under a premium rule: its cost, and the cost of the cheapest candidate it was chosen
+    /// among (the ready candidates of the chosen tier).
+    fn count_premium(&mut self, id: &JobId, decision: &placement::Decision) {
+        let (Some(job), Outcome::Place(choice)) = (self.state.jobs.get(id), &decision.outcome)
+        else {
+            return;
+        };
+        let Some(key) = self.premium_key(&job.spec) else {
+            return;
+        };
+        let cheapest = decision
+            .candidates
+            .iter()
+            .filter(|c| c.tier == choice.tier)
+            .filter(|c| matches!(c.reject, None | Some(placement::Reject::Outscored)))
+            .filter_map(|c| c.terms.as_ref().map(|t| t.cost_micro_usd))
+            .min()
+            .unwrap_or(choice.terms.cost_micro_usd);
+        self.state
+            .premiums
+            .entry(key)
+            .or_default()
+            .add(choice.terms.cost_micro_usd, cheapest);
+    }
+
     /// A job's explanation. A waiting job's candidates are those placement would weigh now; a placed job's,
     /// those of the decision that placed it.
     pub fn explain(&self, id: &JobId, now: Millis) -> Option<meridian_federation::ExplainView> {
@@ -394,6 +437,7 @@ impl<J: Journal> Reactor<J> {
             refused: &refused,
             capped: &capped,
             baseline: self.baseline,
+            spent: self.spent(&job.spec),
         };
         let decision = placement::place(self.view(), request, now);
         Some(crate::views::explain_with(job, Some(&decision)))
@@ -538,6 +582,7 @@ impl<J: Journal> Reactor<J> {
                     refused: &[],
                     capped: &[],
                     baseline: self.baseline,
+                    spent: self.spent(spec),
                 };
                 match placement::place(self.view(), request, now).outcome {
                     Outcome::Place(c) => Some(c.terms),

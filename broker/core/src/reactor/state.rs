@@ -76,6 +76,9 @@ pub struct State {
     pub(crate) tokens: BTreeMap<String, crate::access::TokenRecord>,
     /// Sites an administrator revoked: nothing they send is taken.
     pub(crate) revoked_sites: BTreeSet<SiteId>,
+    /// Per tenant and policy with a premium (`balanced`, `max-cost-premium=…`): what its placed jobs cost
+    /// against their cheapest candidates (see [`crate::placement::Spent`]).
+    pub(crate) premiums: BTreeMap<(TenantId, String), crate::placement::Spent>,
     /// Counts changes to `tokens` (not durable): the shell refreshes its table when it moves.
     pub(crate) tokens_generation: u64,
 }

@@ -80,6 +80,7 @@ pub(super) fn decide_in_format(
         refused: &[],
         capped: &[],
         baseline: None,
+        spent: Default::default(),
     };
     place(view, request, 0)
 }
