@@ -64,6 +64,10 @@ pub struct QueueFile {
     /// Caps at single sites: site id → class → devices this queue may hold there at most.
     #[serde(default)]
     pub site_caps: BTreeMap<String, BTreeMap<String, f64>>,
+    /// The placement policy of the queue's jobs that name none (`"green"`, `{ carbon_price_usd_per_t = 190 }`,
+    /// `{ max_cost_premium = 0.05 }`, …). (Durable format 4.)
+    #[serde(default)]
+    pub policy: Option<meridian_federation::Policy>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -74,6 +78,8 @@ pub struct Queue {
     pub nominal: BTreeMap<Class, u64>,
     pub borrowing_limit: BTreeMap<Class, u64>,
     pub site_caps: BTreeMap<SiteId, BTreeMap<Class, u64>>,
+    /// The policy of its jobs that name none.
+    pub policy: Option<meridian_federation::Policy>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -150,6 +156,9 @@ impl Tenancy {
                 }
                 site_caps.insert(id, m);
             }
+            if let Some((field, problem)) = q.policy.as_ref().and_then(|p| p.problem()) {
+                return Err(at(format!("{field}: {problem}")));
+            }
             let queue = Queue {
                 name: q.name.clone(),
                 tenant,
@@ -157,6 +166,7 @@ impl Tenancy {
                 nominal,
                 borrowing_limit,
                 site_caps,
+                policy: q.policy.clone(),
             };
             if t.queues.insert(q.name.clone(), queue).is_some() {
                 return Err(format!("queue {:?} is defined twice", q.name));

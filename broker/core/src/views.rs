@@ -163,7 +163,7 @@ pub fn explain_with(job: &Job, decision: Option<&Decision>) -> ExplainView {
                 .collect(),
         ),
         None => (
-            placement::policy_of(&job.spec).name().to_owned(),
+            placement::policy_of(&job.spec, None).name().to_owned(),
             None,
             Vec::new(),
         ),

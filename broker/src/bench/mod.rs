@@ -179,6 +179,7 @@ impl Bench {
                 capped: &[],
                 baseline: None,
                 spent: Default::default(),
+                queue_policy: None,
             },
             0,
         );

@@ -157,7 +157,7 @@ pub(super) fn place_indexed<'a>(
     index: &'a SiteIndex,
 ) -> Option<Decision> {
     let spec = req.spec;
-    let policy = policy_of(spec);
+    let policy = policy_of(spec, req.queue_policy);
     if req.baseline.is_some()
         || !spec.datasets.is_empty()
         || spec.users.iter().any(|u| u.rtt_region.is_some())

@@ -112,6 +112,8 @@ pub struct Request<'a> {
     /// What the tenant's jobs under this job's premium rule have spent so far (rules without a premium ignore
     /// it; none = nothing yet).
     pub spent: Spent,
+    /// The policy of the job's queue, for a job that names none.
+    pub queue_policy: Option<&'a Policy>,
 }
 
 /// Why a candidate was not chosen.
@@ -356,12 +358,16 @@ pub fn weights(policy: &Policy) -> Weights {
     }
 }
 
-/// The policy a job is placed under.
-pub fn policy_of(spec: &JobSpec) -> Policy {
-    spec.policy.clone().unwrap_or(match spec.kind {
-        JobKind::Inference => Policy::Latency,
-        _ => Policy::Balanced,
-    })
+/// The policy a job is placed under: its own, else its queue's, else `latency` for inference and `balanced`
+/// for other work.
+pub fn policy_of(spec: &JobSpec, queue_policy: Option<&Policy>) -> Policy {
+    spec.policy
+        .clone()
+        .or_else(|| queue_policy.cloned())
+        .unwrap_or(match spec.kind {
+            JobKind::Inference => Policy::Latency,
+            _ => Policy::Balanced,
+        })
 }
 
 /// Places one job. Does no I/O and reads no clock.

@@ -20,7 +20,7 @@ pub(super) fn place_over<'s>(
     sites: impl Iterator<Item = &'s Site>,
 ) -> Decision {
     let spec = req.spec;
-    let policy = policy_of(spec);
+    let policy = policy_of(spec, req.queue_policy);
     if let Some(at_ms) = spec.window.start_after_ms.filter(|t| *t > now) {
         return Decision {
             at_ms: now,

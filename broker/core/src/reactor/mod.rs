@@ -319,12 +319,22 @@ impl<J: Journal> Reactor<J> {
                     "this broker knows durable formats up to {FORMAT_VERSION}, not {to}"
                 ),
             }),
-            Event::SetTenancy { toml, .. } => crate::quota::Tenancy::from_toml(toml)
-                .map(|_| ())
-                .map_err(|e| StepError::Invalid {
+            Event::SetTenancy { toml, .. } => {
+                let t = crate::quota::Tenancy::from_toml(toml).map_err(|e| StepError::Invalid {
                     field: "tenancy".into(),
                     problem: e.to_string(),
-                }),
+                })?;
+                match t.queues.values().find(|q| q.policy.is_some()) {
+                    Some(q) if self.state.format() < KNEE_FORMAT => Err(StepError::Invalid {
+                        field: format!("tenancy: queue {:?}: policy", q.name),
+                        problem: format!(
+                            "queue policies are kept from durable format {KNEE_FORMAT}; the journal is in format {}: run `meridian journal upgrade-format` once every broker runs this release",
+                            self.state.format()
+                        ),
+                    }),
+                    _ => Ok(()),
+                }
+            }
             Event::TokenCreated(_)
             | Event::TokenRevoked { .. }
             | Event::SiteRevoked { .. }

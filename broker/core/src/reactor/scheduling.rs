@@ -351,6 +351,7 @@ impl<J: Journal> Reactor<J> {
             capped: &capped,
             baseline: self.baseline,
             spent: self.spent(&job.spec),
+            queue_policy: self.queue_policy(&job.spec),
         };
         let mut decision = placement::place(self.view(), request, now);
         // Budget: expected spend at the chosen placement.
@@ -384,10 +385,20 @@ impl<J: Journal> Reactor<J> {
     /// The premium rule a job is placed under, and the key its spending is counted under; none for rules
     /// without a premium, baselines, and journals before format 4.
     fn premium_key(&self, spec: &JobSpec) -> Option<(TenantId, String)> {
-        let policy = placement::policy_of(spec);
+        let policy = placement::policy_of(spec, self.queue_policy(spec));
         let rule = placement::Rule::of(&policy, self.state.format());
         (self.baseline.is_none() && rule.premium().is_some())
             .then(|| (spec.tenant.clone(), policy.label()))
+    }
+
+    /// The policy of the job's queue, where the tenancy gives it one.
+    fn queue_policy(&self, spec: &JobSpec) -> Option<&meridian_federation::Policy> {
+        self.tenancy
+            .as_ref()?
+            .queue_of(&spec.tenant, spec.queue.as_deref())
+            .ok()?
+            .policy
+            .as_ref()
     }
 
     /// What the job's tenant has spent under the job's premium rule.
@@ -438,6 +449,7 @@ impl<J: Journal> Reactor<J> {
             capped: &capped,
             baseline: self.baseline,
             spent: self.spent(&job.spec),
+            queue_policy: self.queue_policy(&job.spec),
         };
         let decision = placement::place(self.view(), request, now);
         Some(crate::views::explain_with(job, Some(&decision)))
@@ -583,6 +595,7 @@ impl<J: Journal> Reactor<J> {
                     capped: &[],
                     baseline: self.baseline,
                     spent: self.spent(spec),
+                    queue_policy: self.queue_policy(spec),
                 };
                 match placement::place(self.view(), request, now).outcome {
                     Outcome::Place(c) => Some(c.terms),

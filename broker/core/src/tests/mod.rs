@@ -81,6 +81,7 @@ pub(super) fn decide_in_format(
         capped: &[],
         baseline: None,
         spent: Default::default(),
+        queue_policy: None,
     };
     place(view, request, 0)
 }

@@ -491,3 +491,63 @@ fn balanced_banks_the_premium_a_tenant_leaves_unspent() {
     let snap = env.reactor.state().snapshot(1, env.now);
     assert_eq!(snap.premiums.len(), 2);
 }
+
+/// A queue's policy applies to its jobs that name none; a job's own policy still wins. A journal in format 3
+/// refuses a tenancy with queue policies (a broker of that release could not read it back).
+#[test]
+fn a_queue_policy_places_the_jobs_that_name_none() {
+    let tenancy = r#"
+        [[queues]]
+        name = "team-a"
+        tenant = "team-a"
+        policy = { max_cost_premium = 0.5 }
+    "#;
+    let mut env = TestEnv::new(disagreeing());
+    env.set_tenancy(tenancy);
+    let mut spec = job("k", 1);
+    spec.policy = None;
+    env.submit(spec);
+    assert_eq!(env.take_offers()[0].site.as_str(), "hydro-dear");
+    let mut spec = job("own", 1);
+    spec.policy = Some(Policy::Cost);
+    env.submit(spec);
+    assert_eq!(env.take_offers()[0].site.as_str(), "coal-cheap");
+    assert_eq!(
+        env.reactor
+            .state()
+            .premiums
+            .keys()
+            .map(|(_, p)| p.as_str())
+            .collect::<Vec<_>>(),
+        ["max-cost-premium=0.5"]
+    );
+
+    let mut old = crate::reactor::Reactor::new(
+        crate::reactor::CoreConfig::default(),
+        RttTable::default(),
+        regions(),
+        crate::journal::MemoryJournal::default(),
+    );
+    old.replay_batches(&[crate::durable::Batch {
+        format: 3,
+        leader: "b".into(),
+        n: 1,
+        records: vec![],
+        quarantine: vec![],
+    }]);
+    let err = old
+        .step(
+            0,
+            Event::SetTenancy {
+                toml: tenancy.to_owned(),
+                from_file: false,
+            },
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("upgrade-format"), "{err}");
+    let bad = tenancy.replace("0.5", "-1");
+    assert!(crate::quota::Tenancy::from_toml(&bad)
+        .unwrap_err()
+        .to_string()
+        .contains("max_cost_premium"));
+}
