@@ -108,7 +108,14 @@ fn every_policy_and_baseline_runs_the_full_trace_and_none_beats_balanced_on_both
     let (c, cheapest) = (run(&v, "cost"), run(&v, "cheapest"));
     assert!(cost(cheapest) <= 1.01 * cost(c), "{cheapest}\n{c}");
     assert!(cost(run(&v, "cheapest-list-price")) > 1.1 * cost(c));
-    assert!(b["slo_attainment"].as_f64().unwrap() >= 0.99, "{b}");
+    // The SLO is measured per request against the replicas each run actually placed: policies differ, and
+    // none serves more requests within it than `latency`.
+    let slo = |r: &Value| r["slo_attainment"].as_f64().unwrap();
+    let l = run(&v, "latency");
+    for r in v["runs"].as_array().unwrap() {
+        assert!(slo(r) <= slo(l), "{r}\nlatency {l}");
+    }
+    assert!(slo(l) > slo(c) + 0.1, "latency {l}\ncost {c}");
 }
 
 /// The second federation, where cost and carbon disagree (cheap capacity on coal- and gas-heavy grids, clean

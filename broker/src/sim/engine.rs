@@ -151,9 +151,7 @@ pub fn run(
                 arrivals_left -= 1;
                 let mut spec = jobs[i].spec.clone();
                 if let Ranking::Policy(p) = ranking {
-                    if !jobs[i].fixed_runtime {
-                        spec.policy = Some(p.clone());
-                    }
+                    spec.policy = Some(p.clone());
                 }
                 if let Response::Submitted(r) = sim.step(now, Event::Submit(spec))? {
                     sim.ids.insert(r.job.clone(), i);
