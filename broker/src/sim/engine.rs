@@ -191,6 +191,17 @@ pub fn run(
                     }
                     sim.advertise(now, &id)?;
                 }
+                // Finished jobs leave the live state as the broker's shell archives them, so that scheduling
+                // passes cost what the live jobs cost, not the whole history.
+                let done: Vec<JobId> = sim
+                    .reactor
+                    .archivable(now, 0, usize::MAX)
+                    .into_iter()
+                    .map(|j| j.id.clone())
+                    .collect();
+                if !done.is_empty() {
+                    sim.step(now, Event::Archived { jobs: done })?;
+                }
                 // Jobs no site can run keep nothing going: the run ends when only they are left.
                 let busy = sim
                     .reactor
