@@ -252,13 +252,11 @@ pub fn rank(
     spent: &Spent,
 ) -> (Vec<f64>, f64) {
     let weighted = score(values, best, weights, &Term::ALL);
-    let limit = spent.limit(rule, cheapest.get(Term::Cost));
-    let over = |_: f64| {
-        if values.get(Term::Cost) <= limit {
-            0.0
-        } else {
-            1.0
-        }
+    // 1 for a candidate beyond what the rule's premium allows: it ranks after every candidate within it.
+    let over = if values.get(Term::Cost) <= spent.limit(rule, cheapest.get(Term::Cost)) {
+        0.0
+    } else {
+        1.0
     };
     match rule {
         Rule::Lexicographic(order) => (order.iter().map(|k| values.get(*k)).collect(), weighted),
@@ -267,23 +265,23 @@ pub fn rank(
             let priced = values.get(Term::Cost) + price * values.get(Term::Carbon);
             (vec![priced], priced / 1e6)
         }
-        Rule::LeastCarbonWithin(p) => (
+        Rule::LeastCarbonWithin(_) => (
             vec![
-                over(p),
+                over,
                 values.get(Term::Carbon),
                 values.get(Term::Cost),
                 values.get(Term::Latency),
             ],
             values.get(Term::Carbon) / 1000.0,
         ),
-        Rule::Knee(p) => {
+        Rule::Knee(_) => {
             let share = |t: Term| (values.get(t) + t.floor()) / (cheapest.get(t) + t.floor());
             let rest: f64 = [Term::Latency, Term::Data]
                 .iter()
                 .map(|&t| weights.get(t) * normalised(t, values.get(t), best.get(t)))
                 .sum();
             let knee = share(Term::Cost) + share(Term::Carbon) + rest;
-            (vec![over(p), knee], knee)
+            (vec![over, knee], knee)
         }
     }
 }
