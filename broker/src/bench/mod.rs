@@ -116,6 +116,8 @@ impl Bench {
             Policy::Cost,
             Policy::Green,
             Policy::Balanced,
+            Policy::CarbonPriceUsdPerT(190.0),
+            Policy::MaxCostPremium(0.05),
         ];
         let jobs = (0..n_jobs)
             .map(|i| {
@@ -146,7 +148,7 @@ impl Bench {
                     weight: 1.0,
                     rtt_region: None,
                 }];
-                spec.policy = Some(policies[i % 4].clone());
+                spec.policy = Some(policies[i % policies.len()].clone());
                 spec
             })
             .collect();

@@ -170,9 +170,6 @@ pub(super) fn place_indexed<'a>(
         w.latency = 0.0;
     }
     let rule = Rule::of(&policy, view.format);
-    if matches!(rule, Rule::CarbonPrice(_)) {
-        return None;
-    }
     let premium = rule.premium();
     let lexicographic_term = match policy {
         Policy::Cost => Some(Term::Cost),
@@ -191,6 +188,7 @@ pub(super) fn place_indexed<'a>(
     let ws = PerTerm::weights(&w);
     let used: Vec<Term> = match lexicographic_term {
         Some(t) => vec![t],
+        None if matches!(rule, Rule::CarbonPrice(_)) => vec![Term::Cost, Term::Carbon],
         None => [Term::Cost, Term::Carbon, Term::Latency]
             .into_iter()
             .filter(|t| ws.get(*t) > 0.0 && (*t != Term::Latency || !spec.users.is_empty()))
@@ -228,7 +226,11 @@ pub(super) fn place_indexed<'a>(
                 }
                 debug_assert_eq!(term, Term::Cost);
             }
-        } else if lexicographic_term.is_none() && used.len() > 1 {
+        } else if let Rule::CarbonPrice(price) = rule {
+            // `cost + price × CO2` grows with each term, as the normalised score does.
+            let priced = move |v: &PerTerm| {
+                v.get(Term::Cost).max(0.0) + price * v.get(Term::Carbon).max(0.0)
+            };
             threshold_search(
                 view,
                 req,
@@ -236,8 +238,27 @@ pub(super) fn place_indexed<'a>(
                 index,
                 tier,
                 &used,
-                &ws,
-                &best,
+                &priced,
+                duration_ms,
+                &mut examined,
+            );
+        } else if lexicographic_term.is_none() && used.len() > 1 {
+            let weighted = |values: &PerTerm| -> f64 {
+                // Bounds may be below 0 (a lower bound of a non-negative term); they count as 0.
+                let mut clamped = *values;
+                for t in &used {
+                    clamped.set(*t, values.get(*t).max(0.0));
+                }
+                score(&clamped, &best, &ws, &used)
+            };
+            threshold_search(
+                view,
+                req,
+                now,
+                index,
+                tier,
+                &used,
+                &weighted,
                 duration_ms,
                 &mut examined,
             );
@@ -263,8 +284,8 @@ pub(super) fn place_indexed<'a>(
     None
 }
 
-/// Fagin's threshold algorithm over the tier's lists for a weighted score; adds every site it scores to
-/// `examined`.
+/// Fagin's threshold algorithm over the tier's lists for a score that never falls when a term grows; adds
+/// every site it scores to `examined`.
 #[allow(clippy::too_many_arguments)]
 fn threshold_search<'a>(
     view: View<'a>,
@@ -273,19 +294,10 @@ fn threshold_search<'a>(
     index: &'a SiteIndex,
     tier: Tier,
     used: &[Term],
-    ws: &PerTerm,
-    best: &PerTerm,
+    score: &dyn Fn(&PerTerm) -> f64,
     duration_ms: u64,
     examined: &mut Vec<&'a SiteId>,
 ) {
-    // Bounds may be below 0 (a lower bound of a non-negative term); they count as 0.
-    let score = |values: &PerTerm| -> f64 {
-        let mut clamped = *values;
-        for t in used {
-            clamped.set(*t, values.get(*t).max(0.0));
-        }
-        score(&clamped, best, ws, used)
-    };
     let mut lists = lists(view, req.spec, index, tier, used, duration_ms);
     let mut frontier = PerTerm::splat(0.0);
     let mut best_score = f64::INFINITY;
