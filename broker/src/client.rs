@@ -295,3 +295,39 @@ pub fn read_job_file(path: &std::path::Path) -> anyhow::Result<Vec<u8>> {
         Ok(text.into_bytes())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    /// A TOML job file states the money-and-carbon policies as the README shows them.
+    #[test]
+    fn toml_job_files_take_the_carbon_policies() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("job.toml");
+        for (policy, want) in [
+            (
+                "{ carbon_price_usd_per_t = 190 }",
+                meridian_federation::Policy::CarbonPriceUsdPerT(190.0),
+            ),
+            (
+                "{ max_cost_premium = 0.05 }",
+                meridian_federation::Policy::MaxCostPremium(0.05),
+            ),
+        ] {
+            std::fs::write(
+                &path,
+                format!(
+                    "v = 1\ntenant = \"t\"\nidempotency_key = \"k\"\nkind = \"batch\"\npolicy = {policy}\n\
+                     [resources]\nkind = \"gpu\"\ncount = 1\n[run]\ncommand = \"true\"\n"
+                ),
+            )
+            .unwrap();
+            let bytes = read_job_file(&path).unwrap();
+            let spec: meridian_federation::JobSpec = meridian_federation::decode(&bytes).unwrap();
+            assert_eq!(spec.policy, Some(want));
+        }
+    }
+}

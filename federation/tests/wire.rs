@@ -266,6 +266,46 @@ fn counts_and_prices_out_of_range_are_rejected() {
         job_error(|v| v["run"]["env"] = json!({"1BAD": "x"})).field(),
         Some("run.env.1BAD")
     );
+    assert_eq!(
+        job_error(|v| v["policy"] = json!({"max_cost_premium": -0.1})).field(),
+        Some("policy.max_cost_premium")
+    );
+    assert_eq!(
+        job_error(|v| v["policy"] = json!({"carbon_price_usd_per_t": 1e9})).field(),
+        Some("policy.carbon_price_usd_per_t")
+    );
+    assert_eq!(
+        job_error(|v| v["resources"]["model_memory_mib"] = json!({"V100": 32768})).field(),
+        Some("resources.model_memory_mib.V100")
+    );
+}
+
+/// The money-and-carbon policies and memory per model read and write as documented.
+#[test]
+fn carbon_policies_and_memory_per_model_round_trip() {
+    let mut v = job_json();
+    v["policy"] = json!({"carbon_price_usd_per_t": 190});
+    v["resources"]["models"] = json!(["A100", "V100"]);
+    v["resources"]["model_memory_mib"] = json!({"V100": 32768});
+    let spec: JobSpec = decode(&bytes(&v)).unwrap();
+    assert_eq!(spec.policy, Some(Policy::CarbonPriceUsdPerT(190.0)));
+    assert_eq!(spec.resources.model_memory_mib.get("V100"), Some(&32768));
+    round_trip(&spec);
+    v["policy"] = json!({"max_cost_premium": 0.05});
+    let spec: JobSpec = decode(&bytes(&v)).unwrap();
+    assert_eq!(spec.policy, Some(Policy::MaxCostPremium(0.05)));
+    assert_eq!(
+        Policy::parse_label("carbon-price=190"),
+        Ok(Policy::CarbonPriceUsdPerT(190.0))
+    );
+    assert_eq!(
+        Policy::parse_label("max-cost-premium=0.05").map(|p| p.label()),
+        Ok("max-cost-premium=0.05".into())
+    );
+    assert!(Policy::parse_label("carbon-price=abc")
+        .unwrap_err()
+        .contains("carbon-price"));
+    assert!(Policy::parse_label("cheap").unwrap_err().contains("known"));
 }
 
 #[test]
