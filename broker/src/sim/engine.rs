@@ -53,6 +53,8 @@ pub struct ScheduleEntry {
     pub attempt: u32,
     pub site: SiteId,
     pub pool: String,
+    /// The pool's model.
+    pub model: String,
     pub devices: Vec<DeviceShare>,
     pub start_ms: Millis,
     pub end_ms: Millis,
@@ -333,6 +335,7 @@ impl Sim<'_> {
                     attempt: offer.attempt,
                     site: offer.site.clone(),
                     pool: offer.pool.clone(),
+                    model,
                     devices: offer.devices.clone(),
                     start_ms: now,
                     end_ms: now + runtime,

@@ -827,7 +827,7 @@ struct ScheduleLine<'a> {
     attempt: u32,
     site: &'a str,
     pool: &'a str,
-    model: String,
+    model: &'a str,
     devices: Vec<DeviceLine>,
     start_ms: u64,
     end_ms: u64,
@@ -852,15 +852,9 @@ pub fn write_outputs(opts: &SimOptions, sim: &Simulated) -> anyhow::Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     if let Some(path) = &opts.schedule {
-        let fed = SimFederation::load(&opts.federation)?;
         let mut text = String::new();
         for (policy, entries) in schedules {
             for e in entries {
-                let model = fed
-                    .site(&e.site)
-                    .and_then(|s| s.pools.iter().find(|p| p.name == e.pool))
-                    .map(|p| p.model.clone())
-                    .unwrap_or_default();
                 let line = ScheduleLine {
                     policy,
                     job: jobs[e.job].spec.name.as_deref().unwrap_or(""),
@@ -868,7 +862,7 @@ pub fn write_outputs(opts: &SimOptions, sim: &Simulated) -> anyhow::Result<()> {
                     attempt: e.attempt,
                     site: e.site.as_str(),
                     pool: &e.pool,
-                    model,
+                    model: &e.model,
                     devices: e
                         .devices
                         .iter()

@@ -226,30 +226,16 @@ pub(super) fn place_indexed<'a>(
                 }
                 debug_assert_eq!(term, Term::Cost);
             }
-        } else if let Rule::CarbonPrice(price) = rule {
-            // `cost + price × CO2` grows with each term, as the normalised score does.
-            let priced = move |v: &PerTerm| {
-                v.get(Term::Cost).max(0.0) + price * v.get(Term::Carbon).max(0.0)
-            };
-            threshold_search(
-                view,
-                req,
-                now,
-                index,
-                tier,
-                &used,
-                &priced,
-                duration_ms,
-                &mut examined,
-            );
         } else if lexicographic_term.is_none() && used.len() > 1 {
-            let weighted = |values: &PerTerm| -> f64 {
-                // Bounds may be below 0 (a lower bound of a non-negative term); they count as 0.
-                let mut clamped = *values;
-                for t in &used {
-                    clamped.set(*t, values.get(*t).max(0.0));
-                }
-                score(&clamped, &best, &ws, &used)
+            // Scores that never fall when a term grows: `cost + price × CO2`, or the weighted normalised score.
+            let priced;
+            let weighted;
+            let score: &dyn Fn(&PerTerm) -> f64 = if let Rule::CarbonPrice(price) = rule {
+                priced = move |v: &PerTerm| v.get(Term::Cost) + price * v.get(Term::Carbon);
+                &priced
+            } else {
+                weighted = |v: &PerTerm| score(v, &best, &ws, &used);
+                &weighted
             };
             threshold_search(
                 view,
@@ -258,7 +244,7 @@ pub(super) fn place_indexed<'a>(
                 index,
                 tier,
                 &used,
-                &weighted,
+                score,
                 duration_ms,
                 &mut examined,
             );
@@ -298,6 +284,14 @@ fn threshold_search<'a>(
     duration_ms: u64,
     examined: &mut Vec<&'a SiteId>,
 ) {
+    // Bounds may be below 0 (a lower bound of a non-negative term); they count as 0.
+    let score = |values: &PerTerm| -> f64 {
+        let mut clamped = *values;
+        for t in used {
+            clamped.set(*t, values.get(*t).max(0.0));
+        }
+        score(&clamped)
+    };
     let mut lists = lists(view, req.spec, index, tier, used, duration_ms);
     let mut frontier = PerTerm::splat(0.0);
     let mut best_score = f64::INFINITY;
