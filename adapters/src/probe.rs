@@ -2,6 +2,7 @@
 //! Machines without the NVIDIA library use the pools declared in the site file.
 
 use crate::AdapterError;
+use meridian_federation::ModelName;
 
 /// One device as a probe saw it.
 #[derive(Clone, Debug, PartialEq)]
@@ -20,7 +21,7 @@ pub struct ProbedDevice {
 #[derive(Clone, Debug, PartialEq)]
 pub struct ProbedPool {
     pub vendor: String,
-    pub model: String,
+    pub model: ModelName,
     pub memory_mib: u64,
     pub power_watts: Option<u32>,
     /// Device indices as the probe numbered them (the values for `CUDA_VISIBLE_DEVICES`).
@@ -77,7 +78,7 @@ impl DeviceProbe for NvmlProbe {
 
 /// The model name of a device name: `NVIDIA A100-SXM4-80GB` → `A100`, `Tesla V100-SXM2-16GB` → `V100`,
 /// `NVIDIA GeForce RTX 4090` → `RTX4090`, `NVIDIA H100 80GB HBM3` → `H100`.
-pub fn model_of(name: &str) -> String {
+pub fn model_of(name: &str) -> ModelName {
     let mut words = name.split_whitespace().filter(|w| {
         !matches!(
             w.to_ascii_lowercase().as_str(),
@@ -88,10 +89,10 @@ pub fn model_of(name: &str) -> String {
     let head = first.split('-').next().unwrap_or(first);
     if head.eq_ignore_ascii_case("rtx") {
         if let Some(next) = words.next() {
-            return format!("RTX{}", next.split('-').next().unwrap_or(next));
+            return format!("RTX{}", next.split('-').next().unwrap_or(next)).into();
         }
     }
-    head.to_string()
+    head.into()
 }
 
 /// Groups devices into pools of identical model and memory, in order of first appearance.

@@ -195,7 +195,7 @@ impl Client {
     pub async fn scale_in(
         &self,
         tenant: &meridian_federation::TenantId,
-        service: &str,
+        service: &meridian_federation::ServiceName,
         remove: u32,
     ) -> anyhow::Result<meridian_federation::ScaleInReply> {
         self.call(
@@ -203,7 +203,7 @@ impl Client {
             &meridian_federation::ScaleInRequest {
                 v: WIRE_VERSION,
                 tenant: tenant.clone(),
-                service: service.to_owned(),
+                service: service.clone(),
                 remove,
             },
         )

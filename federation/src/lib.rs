@@ -12,6 +12,7 @@ pub mod codec;
 pub mod error;
 pub mod ids;
 pub mod messages;
+pub mod names;
 pub mod subjects;
 pub mod validate;
 
@@ -19,6 +20,7 @@ pub use codec::{decode, decode_strict, encode, MAX_MESSAGE_BYTES};
 pub use error::{ErrorBody, ErrorCode, WireError};
 pub use ids::{JobId, SiteId, TenantId};
 pub use messages::*;
+pub use names::{ModelName, PoolName, QueueName, ServiceName};
 
 /// The wire version this build speaks.
 pub const WIRE_VERSION: u32 = 1;

@@ -4,6 +4,7 @@
 //! later versions add must be optional too, so that v1 readers keep working.
 
 use crate::ids::{JobId, SiteId, TenantId};
+use crate::names::{ModelName, PoolName, QueueName, ServiceName};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -160,10 +161,10 @@ pub struct DeviceState {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PoolAdvert {
     /// Pool name, unique within the site.
-    pub name: String,
+    pub name: PoolName,
     pub kind: AcceleratorKind,
     pub vendor: String,
-    pub model: String,
+    pub model: ModelName,
     /// Memory per device, MiB.
     pub memory_mib: u64,
     pub count: u32,
@@ -322,7 +323,7 @@ pub struct Resources {
     pub kind: AcceleratorKind,
     /// Allowed device models (case-insensitive); empty means any.
     #[serde(default)]
-    pub models: Vec<String>,
+    pub models: Vec<ModelName>,
     /// Whole devices per replica (0 when `milli` is set).
     #[serde(default)]
     pub count: u32,
@@ -335,7 +336,7 @@ pub struct Resources {
     /// Minimum memory per device, MiB, for pools of one of the listed models only (`{"V100": 32768}`: a V100
     /// must have 32 GiB; the other models in `models` are not held to it). Each key is one of `models`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub model_memory_mib: BTreeMap<String, u64>,
+    pub model_memory_mib: BTreeMap<ModelName, u64>,
     /// All devices of the job (every replica) in one interconnect domain: one node of the pool
     /// (`devices_per_node` consecutive device indices).
     #[serde(default)]
@@ -592,7 +593,7 @@ pub struct JobSpec {
     pub name: Option<String>,
     pub kind: JobKind,
     #[serde(default)]
-    pub queue: Option<String>,
+    pub queue: Option<QueueName>,
     #[serde(default)]
     pub priority: Option<String>,
     pub resources: Resources,
@@ -611,7 +612,7 @@ pub struct JobSpec {
     /// The service this job is a replica of (inference): replicas of one service of one tenant are scaled
     /// together.
     #[serde(default)]
-    pub service: Option<String>,
+    pub service: Option<ServiceName>,
     /// The job can write checkpoints and resume from them.
     #[serde(default)]
     pub checkpointable: bool,
@@ -683,7 +684,7 @@ pub struct Offer {
     pub job: JobId,
     pub attempt: u32,
     pub site: SiteId,
-    pub pool: String,
+    pub pool: PoolName,
     pub devices: Vec<DeviceShare>,
     pub spec: JobSpec,
     /// Latest checkpoint URI of an earlier attempt, given to the job as `MERIDIAN_RESUME_FROM`.
@@ -819,7 +820,7 @@ pub struct ScaleInRequest {
     #[serde(default = "v1")]
     pub v: u32,
     pub tenant: TenantId,
-    pub service: String,
+    pub service: ServiceName,
     pub remove: u32,
 }
 
@@ -1193,13 +1194,13 @@ pub struct JobView {
     pub tenant: TenantId,
     /// The queue the job named (permissions of queue-scoped tokens apply to it; `default` when none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub queue: Option<String>,
+    pub queue: Option<QueueName>,
     pub name: Option<String>,
     pub kind: JobKind,
     pub phase: JobPhase,
     pub attempt: u32,
     pub site: Option<SiteId>,
-    pub pool: Option<String>,
+    pub pool: Option<PoolName>,
     /// Why the job is where it is: why it waits, or why its site was chosen.
     pub why: String,
     pub submitted_at_ms: u64,
@@ -1241,9 +1242,9 @@ pub struct SiteView {
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PoolView {
-    pub name: String,
+    pub name: PoolName,
     pub kind: AcceleratorKind,
-    pub model: String,
+    pub model: ModelName,
     pub count: u32,
     /// Milli-devices free for new work, as the broker counts them.
     pub free_milli: u64,
@@ -1267,7 +1268,7 @@ pub struct TermsView {
 pub struct CandidateView {
     pub site: SiteId,
     pub tier: Tier,
-    pub pool: Option<String>,
+    pub pool: Option<PoolName>,
     pub terms: Option<TermsView>,
     pub rejected: Option<String>,
     pub chosen: bool,

@@ -52,7 +52,8 @@ fn range_u64(field: &str, v: u64, lo: u64, hi: u64) -> R {
     Ok(())
 }
 
-fn name(field: &str, s: &str, max: usize) -> R {
+fn name(field: &str, s: impl AsRef<str>, max: usize) -> R {
+    let s = s.as_ref();
     if s.is_empty() {
         return bad(field, "must not be empty");
     }
@@ -68,8 +69,8 @@ fn name(field: &str, s: &str, max: usize) -> R {
     Ok(())
 }
 
-fn token(field: &str, s: &str) -> R {
-    check_id(s).map_err(|p| WireError::invalid(field, p))
+fn token(field: &str, s: impl AsRef<str>) -> R {
+    check_id(s.as_ref()).map_err(|p| WireError::invalid(field, p))
 }
 
 fn count_limit(field: &str, len: usize, max: usize) -> R {
@@ -292,7 +293,7 @@ impl Validate for JobSpec {
         }
         for (m, mib) in &r.model_memory_mib {
             let field = format!("resources.model_memory_mib.{m}");
-            if !r.models.iter().any(|x| x.eq_ignore_ascii_case(m)) {
+            if !r.models.iter().any(|x| x.matches(m.as_str())) {
                 return bad(
                     field,
                     format!("{m:?} is not one of resources.models {:?}", r.models),

@@ -1,8 +1,8 @@
 //! The site file: one TOML document that describes a site and its agent. Parsing is a pure function.
 
 use meridian_federation::{
-    AcceleratorKind, Carbon, Dataset, DeviceState, GeoPoint, Interconnect, PoolAdvert, Sharing,
-    SiteId, SiteInfo, SiteKind, Tier,
+    AcceleratorKind, Carbon, Dataset, DeviceState, GeoPoint, Interconnect, ModelName, PoolAdvert,
+    PoolName, Sharing, SiteId, SiteInfo, SiteKind, Tier,
 };
 use serde::Deserialize;
 use std::path::PathBuf;
@@ -57,10 +57,10 @@ pub struct DatasetEntry {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PoolEntry {
-    pub name: String,
+    pub name: PoolName,
     pub kind: AcceleratorKind,
     pub vendor: String,
-    pub model: String,
+    pub model: ModelName,
     pub memory_gib: f64,
     pub count: u32,
     #[serde(default = "one")]

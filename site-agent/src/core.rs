@@ -13,7 +13,7 @@ const REMEMBERED: usize = 10_000;
 #[derive(Clone, Debug, PartialEq)]
 pub struct Attempt {
     pub reply: OfferReply,
-    pub pool: String,
+    pub pool: meridian_federation::PoolName,
     pub devices: Vec<meridian_federation::DeviceShare>,
     /// Holds devices (accepted and not yet finished).
     pub active: bool,
@@ -149,8 +149,13 @@ impl AgentCore {
         Ok(())
     }
 
-    fn use_devices(&mut self, pool: &str, devices: &[meridian_federation::DeviceShare], add: bool) {
-        if let Some(p) = self.pools.iter_mut().find(|p| p.name == pool) {
+    fn use_devices(
+        &mut self,
+        pool: &meridian_federation::PoolName,
+        devices: &[meridian_federation::DeviceShare],
+        add: bool,
+    ) {
+        if let Some(p) = self.pools.iter_mut().find(|p| &p.name == pool) {
             for share in devices {
                 if let Some(d) = p.devices.iter_mut().find(|d| d.index == share.index) {
                     d.used_milli = if add {
@@ -187,7 +192,7 @@ impl AgentCore {
         &mut self,
         job: &JobId,
         attempt: u32,
-        pool: &str,
+        pool: &meridian_federation::PoolName,
         devices: &[meridian_federation::DeviceShare],
     ) {
         let key = (job.clone(), attempt);

@@ -63,7 +63,7 @@ enum Handle {
 struct AttemptRecord {
     job: JobId,
     attempt: u32,
-    pool: String,
+    pool: meridian_federation::PoolName,
     devices: Vec<meridian_federation::DeviceShare>,
     started_ms: u64,
     checkpoint_path: PathBuf,
@@ -125,7 +125,7 @@ fn inventory(site: &SiteFile) -> anyhow::Result<Vec<PoolAdvert>> {
             for (i, probed) in group_into_pools(&devices).into_iter().enumerate() {
                 let template = declared
                     .iter()
-                    .find(|p| p.model.eq_ignore_ascii_case(&probed.model))
+                    .find(|p| p.model.matches(probed.model.as_str()))
                     .or(declared.first());
                 let Some(t) = template else {
                     tracing::warn!("NVML found {} but the site file declares no NVIDIA pool to price it; skipped", probed.model);
@@ -138,7 +138,7 @@ fn inventory(site: &SiteFile) -> anyhow::Result<Vec<PoolAdvert>> {
                     probed.memory_mib
                 );
                 pools.push(PoolAdvert {
-                    name: format!("{}-{}", probed.model.to_ascii_lowercase(), i),
+                    name: format!("{}-{}", probed.model.as_str().to_ascii_lowercase(), i).into(),
                     model: probed.model.clone(),
                     memory_mib: probed.memory_mib,
                     count: probed.indices.len() as u32,
@@ -518,7 +518,7 @@ impl Agent {
             ("MERIDIAN_JOB_ID".into(), offer.job.to_string()),
             ("MERIDIAN_ATTEMPT".into(), offer.attempt.to_string()),
             ("MERIDIAN_SITE_ID".into(), self.core.info.id.to_string()),
-            ("MERIDIAN_POOL".into(), offer.pool.clone()),
+            ("MERIDIAN_POOL".into(), offer.pool.to_string()),
             ("MERIDIAN_DEVICES".into(), indices.join(",")),
             (
                 "MERIDIAN_DEVICE_MILLI".into(),

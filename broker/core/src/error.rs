@@ -1,7 +1,7 @@
 //! Errors of the core's parsers and lookups (a step's refusal is `reactor::StepError`). None is retryable: the
 //! same input fails the same way. Messages say what is wrong and where.
 
-use meridian_federation::TenantId;
+use meridian_federation::{QueueName, TenantId};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CoreError {
@@ -11,11 +11,11 @@ pub enum CoreError {
     Config { problem: String },
     /// A job names a queue the tenancy does not have.
     #[error("unknown queue {queue:?}; queues: {known}")]
-    UnknownQueue { queue: String, known: String },
+    UnknownQueue { queue: QueueName, known: String },
     /// A job names a queue of another tenant.
     #[error("queue {queue:?} belongs to tenant {owner}, not {tenant}")]
     ForeignQueue {
-        queue: String,
+        queue: QueueName,
         owner: TenantId,
         tenant: TenantId,
     },

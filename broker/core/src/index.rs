@@ -12,7 +12,7 @@
 
 use super::model::Site;
 use super::throughput::Throughput;
-use meridian_federation::{AcceleratorKind, SiteId, Tier};
+use meridian_federation::{AcceleratorKind, PoolName, SiteId, Tier};
 use rstar::primitives::GeomWithData;
 use rstar::RTree;
 use std::collections::{BTreeMap, BTreeSet};
@@ -26,18 +26,18 @@ pub struct SiteIndex {
     /// Sites per kind (all, listed or not), for the pruned counts.
     of_kind: BTreeMap<AcceleratorKind, usize>,
     /// Pools with room, best-first by a lower bound of each objective.
-    ordered: BTreeMap<OrderKey, BTreeSet<(u64, SiteId, String)>>,
-    ordered_entries: BTreeMap<SiteId, Vec<(OrderKey, u64, String)>>,
+    ordered: BTreeMap<OrderKey, BTreeSet<(u64, SiteId, PoolName)>>,
+    ordered_entries: BTreeMap<SiteId, Vec<(OrderKey, u64, PoolName)>>,
     /// Pools with room per (kind, tier) in an R-tree over unit vectors, for nearest-first search.
     spatial: BTreeMap<TierKey, RTree<Located>>,
-    spatial_entries: BTreeMap<SiteId, Vec<(TierKey, [f64; 3], String)>>,
+    spatial_entries: BTreeMap<SiteId, Vec<(TierKey, [f64; 3], PoolName)>>,
 }
 
 /// Pools of one kind in one tier.
 type TierKey = (AcceleratorKind, Tier);
 
 /// A pool of a site at a point of the unit sphere (chord length grows with great-circle distance).
-type Located = GeomWithData<[f64; 3], (SiteId, String)>;
+type Located = GeomWithData<[f64; 3], (SiteId, PoolName)>;
 
 /// The unit vector of a point on the globe.
 pub fn unit_vector(p: meridian_federation::GeoPoint) -> [f64; 3] {
@@ -191,12 +191,12 @@ impl SiteIndex {
         kind: AcceleratorKind,
         tier: Tier,
         at: [f64; 3],
-    ) -> impl Iterator<Item = (&SiteId, &str)> {
+    ) -> impl Iterator<Item = (&SiteId, &PoolName)> {
         self.spatial
             .get(&(kind, tier))
             .into_iter()
             .flat_map(move |t| t.nearest_neighbor_iter(&at))
-            .map(|g| (&g.data.0, g.data.1.as_str()))
+            .map(|g| (&g.data.0, &g.data.1))
     }
 
     fn remove_ordered(&mut self, id: &SiteId) {
@@ -217,12 +217,12 @@ impl SiteIndex {
         kind: AcceleratorKind,
         tier: Tier,
         objective: Objective,
-    ) -> impl Iterator<Item = (f64, &SiteId, &str)> {
+    ) -> impl Iterator<Item = (f64, &SiteId, &PoolName)> {
         self.ordered
             .get(&(kind, tier, objective))
             .into_iter()
             .flatten()
-            .map(|(bits, id, pool)| (f64::from_bits(*bits), id, pool.as_str()))
+            .map(|(bits, id, pool)| (f64::from_bits(*bits), id, pool))
     }
 
     fn remove(&mut self, id: &SiteId) {

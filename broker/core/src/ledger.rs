@@ -80,7 +80,11 @@ pub fn report<'a>(
             format!(
                 "{}:{}",
                 job.kind.as_str(),
-                if r.model.is_empty() { "?" } else { &r.model }
+                if r.model.as_str().is_empty() {
+                    "?"
+                } else {
+                    r.model.as_str()
+                }
             )
         };
         for (i, run) in runs.iter().enumerate() {

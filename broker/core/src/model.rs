@@ -4,8 +4,8 @@ use super::metering::Rates;
 use super::placement::{Decision, Terms};
 use super::Millis;
 use meridian_federation::{
-    AcceleratorKind, Amounts, DeviceShare, JobId, JobPhase, JobSpec, PoolAdvert, SiteAdvert,
-    SiteId, SiteInfo, Tier,
+    AcceleratorKind, Amounts, DeviceShare, JobId, JobPhase, JobSpec, ModelName, PoolAdvert,
+    PoolName, SiteAdvert, SiteId, SiteInfo, Tier,
 };
 
 /// One device as the broker counts it: what the agent last reported in use, and what the broker has itself
@@ -31,10 +31,10 @@ impl Device {
 /// A pool of identical accelerators at a site.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Pool {
-    pub name: String,
+    pub name: PoolName,
     pub kind: AcceleratorKind,
     pub vendor: String,
-    pub model: String,
+    pub model: ModelName,
     pub memory_mib: u64,
     pub power_watts: u32,
     pub price_micro_usd_per_hour: u64,
@@ -81,8 +81,8 @@ impl Pool {
     }
 
     /// Whether the model is among `allowed` (case-insensitive); an empty list allows every model.
-    pub fn model_allowed(&self, allowed: &[String]) -> bool {
-        allowed.is_empty() || allowed.iter().any(|m| m.eq_ignore_ascii_case(&self.model))
+    pub fn model_allowed(&self, allowed: &[ModelName]) -> bool {
+        allowed.is_empty() || allowed.iter().any(|m| m.matches(self.model.as_str()))
     }
 
     fn device_mut(&mut self, index: u32) -> Option<&mut Device> {
@@ -164,12 +164,12 @@ impl Site {
         self.advert_draining || self.api_draining
     }
 
-    pub fn pool(&self, name: &str) -> Option<&Pool> {
-        self.pools.iter().find(|p| p.name == name)
+    pub fn pool(&self, name: &PoolName) -> Option<&Pool> {
+        self.pools.iter().find(|p| &p.name == name)
     }
 
-    pub fn pool_mut(&mut self, name: &str) -> Option<&mut Pool> {
-        self.pools.iter_mut().find(|p| p.name == name)
+    pub fn pool_mut(&mut self, name: &PoolName) -> Option<&mut Pool> {
+        self.pools.iter_mut().find(|p| &p.name == name)
     }
 
     pub fn holds_dataset(&self, name: &str) -> bool {
@@ -177,7 +177,7 @@ impl Site {
     }
 
     /// Adds (`sign` = true) or removes a reservation of devices.
-    pub fn apply_reservation(&mut self, pool: &str, devices: &[DeviceShare], add: bool) {
+    pub fn apply_reservation(&mut self, pool: &PoolName, devices: &[DeviceShare], add: bool) {
         if let Some(p) = self.pool_mut(pool) {
             for share in devices {
                 if let Some(d) = p.device_mut(share.index) {
@@ -231,7 +231,7 @@ impl Site {
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Assignment {
     pub site: SiteId,
-    pub pool: String,
+    pub pool: PoolName,
     pub tier: Tier,
     pub devices: Vec<DeviceShare>,
 }
@@ -241,8 +241,8 @@ pub struct Assignment {
 pub struct Run {
     pub attempt: u32,
     pub site: SiteId,
-    pub pool: String,
-    pub model: String,
+    pub pool: PoolName,
+    pub model: ModelName,
     /// Milli-devices held.
     pub milli: u64,
     pub offered_ms: Millis,

@@ -12,16 +12,61 @@
 
 use super::error::{config, CoreError};
 use super::Millis;
-use meridian_federation::{AcceleratorKind, JobId, SiteId, TenantId};
+use meridian_federation::{
+    AcceleratorKind, JobId, ModelName, PoolName, QueueName, SiteId, TenantId,
+};
 use std::collections::{BTreeMap, BTreeSet};
 
-/// A resource class key, `kind:model` or `kind:*`.
-pub type Class = String;
+/// A resource class quotas count against: an accelerator kind and model (`gpu:H100`) or a kind and any model
+/// (`gpu:*`). Ordered as its text.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Class(String);
 
-/// The classes a share of a pool of `kind`/`model` counts against.
+impl Class {
+    /// The class of `model` devices of `kind` (`*` for any model).
+    pub fn of(kind: AcceleratorKind, model: &str) -> Class {
+        Class(format!("{}:{model}", kind.as_str()))
+    }
+
+    /// The class of every model of `kind`.
+    pub fn any(kind: AcceleratorKind) -> Class {
+        Class::of(kind, "*")
+    }
+
+    /// Reads `KIND:MODEL` or `KIND:*` as a tenancy file writes it.
+    pub fn parse(s: &str) -> Result<Class, String> {
+        let (kind, model) = s
+            .split_once(':')
+            .ok_or_else(|| format!("class {s:?}: expected KIND:MODEL or KIND:*"))?;
+        if !matches!(kind, "gpu" | "npu" | "dpu" | "cpu") {
+            return Err(format!("class {s:?}: kind must be gpu, npu, dpu or cpu"));
+        }
+        if model.is_empty() {
+            return Err(format!("class {s:?}: empty model (use * for any)"));
+        }
+        Ok(Class(s.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for Class {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::borrow::Borrow<str> for Class {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The classes a share of a pool of `kind`/`model` counts against: its model's and its kind's.
 pub fn classes_of(kind: AcceleratorKind, model: &str) -> [Class; 2] {
-    let k = kind.as_str();
-    [format!("{k}:{model}"), format!("{k}:*")]
+    [Class::of(kind, model), Class::any(kind)]
 }
 
 /// The tenancy file (TOML): priority classes and queues.
@@ -72,7 +117,7 @@ pub struct QueueFile {
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Queue {
-    pub name: String,
+    pub name: QueueName,
     pub tenant: TenantId,
     pub cohort: Option<String>,
     pub nominal: BTreeMap<Class, u64>,
@@ -84,26 +129,13 @@ pub struct Queue {
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Tenancy {
-    pub queues: BTreeMap<String, Queue>,
+    pub queues: BTreeMap<QueueName, Queue>,
     pub priorities: BTreeMap<String, i32>,
     pub default_priority: i32,
     pub budgets: BTreeMap<TenantId, super::budget::Budget>,
 }
 
-fn parse_class(s: &str) -> Result<Class, String> {
-    let (kind, model) = s
-        .split_once(':')
-        .ok_or_else(|| format!("class {s:?}: expected KIND:MODEL or KIND:*"))?;
-    if !matches!(kind, "gpu" | "npu" | "dpu" | "cpu") {
-        return Err(format!("class {s:?}: kind must be gpu, npu, dpu or cpu"));
-    }
-    if model.is_empty() {
-        return Err(format!("class {s:?}: empty model (use * for any)"));
-    }
-    Ok(s.to_owned())
-}
-
-fn milli(class: &str, devices: f64, what: &str) -> Result<u64, String> {
+fn milli(class: &Class, devices: f64, what: &str) -> Result<u64, String> {
     if !devices.is_finite() || devices < 0.0 {
         return Err(format!(
             "{what} for {class}: {devices} is not a number of devices"
@@ -137,12 +169,12 @@ impl Tenancy {
             let tenant = TenantId::new(&q.tenant).map_err(|e| at(format!("tenant: {e}")))?;
             let mut nominal = BTreeMap::new();
             for (c, d) in &q.quota {
-                let c = parse_class(c).map_err(at)?;
+                let c = Class::parse(c).map_err(at)?;
                 nominal.insert(c.clone(), milli(&c, *d, "quota").map_err(at)?);
             }
             let mut borrowing_limit = BTreeMap::new();
             for (c, d) in &q.borrowing_limit {
-                let c = parse_class(c).map_err(at)?;
+                let c = Class::parse(c).map_err(at)?;
                 borrowing_limit.insert(c.clone(), milli(&c, *d, "borrowing_limit").map_err(at)?);
             }
             let mut site_caps = BTreeMap::new();
@@ -151,7 +183,7 @@ impl Tenancy {
                     SiteId::new(site).map_err(|e| at(format!("site_caps: site {site:?}: {e}")))?;
                 let mut m = BTreeMap::new();
                 for (c, d) in caps {
-                    let c = parse_class(c).map_err(at)?;
+                    let c = Class::parse(c).map_err(at)?;
                     m.insert(c.clone(), milli(&c, *d, "site cap").map_err(at)?);
                 }
                 site_caps.insert(id, m);
@@ -160,7 +192,7 @@ impl Tenancy {
                 return Err(at(format!("{field}: {problem}")));
             }
             let queue = Queue {
-                name: q.name.clone(),
+                name: QueueName::from(q.name.as_str()),
                 tenant,
                 cohort: q.cohort.clone(),
                 nominal,
@@ -168,7 +200,10 @@ impl Tenancy {
                 site_caps,
                 policy: q.policy.clone(),
             };
-            if t.queues.insert(q.name.clone(), queue).is_some() {
+            if t.queues
+                .insert(QueueName::from(q.name.as_str()), queue)
+                .is_some()
+            {
                 return Err(format!("queue {:?} is defined twice", q.name));
             }
         }
@@ -182,18 +217,22 @@ impl Tenancy {
     }
 
     /// The queue a job of `tenant` naming `queue` (or none: the queue named after the tenant) goes to.
-    pub fn queue_of(&self, tenant: &TenantId, queue: Option<&str>) -> Result<&Queue, CoreError> {
-        let name = queue.unwrap_or(tenant.as_str());
+    pub fn queue_of(
+        &self,
+        tenant: &TenantId,
+        queue: Option<&QueueName>,
+    ) -> Result<&Queue, CoreError> {
+        let name = queue.map_or(tenant.as_str(), QueueName::as_str);
         let q = self.queues.get(name).ok_or_else(|| {
-            let known: Vec<&str> = self.queues.keys().map(String::as_str).collect();
+            let known: Vec<&str> = self.queues.keys().map(QueueName::as_str).collect();
             CoreError::UnknownQueue {
-                queue: name.to_owned(),
+                queue: name.into(),
                 known: known.join(", "),
             }
         })?;
         if &q.tenant != tenant {
             return Err(CoreError::ForeignQueue {
-                queue: name.to_owned(),
+                queue: name.into(),
                 owner: q.tenant.clone(),
                 tenant: tenant.clone(),
             });
@@ -231,7 +270,7 @@ impl Tenancy {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Holding {
     pub job: JobId,
-    pub queue: String,
+    pub queue: QueueName,
     /// Where it holds them.
     pub site: SiteId,
     pub priority: i32,
@@ -247,12 +286,12 @@ pub struct Holding {
 #[derive(Clone, Debug, Default)]
 pub struct QuotaView {
     pub holdings: Vec<Holding>,
-    pub usage: BTreeMap<(String, Class), u64>,
-    pub waiting: Vec<(String, BTreeMap<Class, u64>)>,
+    pub usage: BTreeMap<(QueueName, Class), u64>,
+    pub waiting: Vec<(QueueName, BTreeMap<Class, u64>)>,
 }
 
 impl QuotaView {
-    pub fn new(holdings: Vec<Holding>, waiting: Vec<(String, BTreeMap<Class, u64>)>) -> Self {
+    pub fn new(holdings: Vec<Holding>, waiting: Vec<(QueueName, BTreeMap<Class, u64>)>) -> Self {
         QuotaView {
             usage: usage(&holdings),
             holdings,
@@ -262,7 +301,7 @@ impl QuotaView {
 }
 
 /// Milli-devices in use per (queue, class).
-pub fn usage(holdings: &[Holding]) -> BTreeMap<(String, Class), u64> {
+pub fn usage(holdings: &[Holding]) -> BTreeMap<(QueueName, Class), u64> {
     let mut u = BTreeMap::new();
     for h in holdings {
         for (c, m) in &h.usage {
@@ -277,9 +316,9 @@ pub fn usage(holdings: &[Holding]) -> BTreeMap<(String, Class), u64> {
 pub fn capped_pools<'a>(
     queue: &Queue,
     holdings: &[Holding],
-    pools: impl IntoIterator<Item = (&'a SiteId, &'a str, AcceleratorKind, &'a str)>,
+    pools: impl IntoIterator<Item = (&'a SiteId, &'a PoolName, AcceleratorKind, &'a ModelName)>,
     milli: u64,
-) -> Vec<(SiteId, String)> {
+) -> Vec<(SiteId, PoolName)> {
     if queue.site_caps.is_empty() {
         return Vec::new();
     }
@@ -288,7 +327,7 @@ pub fn capped_pools<'a>(
         let Some(caps) = queue.site_caps.get(site) else {
             continue;
         };
-        let over = classes_of(kind, model).iter().any(|c| {
+        let over = classes_of(kind, model.as_str()).iter().any(|c| {
             caps.get(c).is_some_and(|cap| {
                 let used: u64 = holdings
                     .iter()
@@ -299,7 +338,7 @@ pub fn capped_pools<'a>(
             })
         });
         if over {
-            out.push((site.clone(), pool.to_owned()));
+            out.push((site.clone(), pool.clone()));
         }
     }
     out
@@ -335,11 +374,8 @@ pub fn admit(
     demand: &BTreeMap<Class, u64>,
 ) -> Admission {
     let (holdings, waiting, used) = (&view.holdings, &view.waiting, &view.usage);
-    let used_by = |q: &str, c: &str| {
-        used.get(&(q.to_owned(), c.to_owned()))
-            .copied()
-            .unwrap_or(0)
-    };
+    let used_by =
+        |q: &QueueName, c: &Class| used.get(&(q.clone(), c.clone())).copied().unwrap_or(0);
     let cohort = tenancy.cohort(queue);
     let mut victims: BTreeSet<JobId> = BTreeSet::new();
     let mut reasons = Vec::new();
@@ -476,7 +512,7 @@ pub fn admit(
 /// queue is above it). `None` if they cannot free enough.
 fn pick(
     holdings: &[Holding],
-    class: &str,
+    class: &Class,
     short: u64,
     eligible: impl Fn(&Holding) -> bool,
     excess: &BTreeMap<&str, u64>,

@@ -61,7 +61,7 @@ pub fn site(id: &str, tier: Tier, lat: f64, lon: f64) -> SiteBuilder {
 impl SiteBuilder {
     pub fn gpus(mut self, model: &str, count: u32, price_usd: f64) -> Self {
         self.advert.pools.push(PoolAdvert {
-            name: format!("p{}", self.advert.pools.len()),
+            name: format!("p{}", self.advert.pools.len()).into(),
             kind: AcceleratorKind::Gpu,
             vendor: "nvidia".into(),
             model: model.into(),

@@ -1,6 +1,7 @@
 //! Relative throughput of accelerator models: a job's expected duration is given for the reference model and
 //! scales by `1 / factor(model)` on other hardware. The table lives in `configs/throughput.toml` with sources.
 
+use meridian_federation::ModelName;
 use std::collections::HashMap;
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -10,15 +11,15 @@ pub struct Throughput {
 
 impl Throughput {
     /// Speed of `model` relative to the reference (1.0 for models not in the table).
-    pub fn factor(&self, model: &str) -> f64 {
+    pub fn factor(&self, model: &ModelName) -> f64 {
         self.by_model
-            .get(&model.to_ascii_lowercase())
+            .get(&model.as_str().to_ascii_lowercase())
             .copied()
             .unwrap_or(1.0)
     }
 
     /// Run time on `model` of work that takes `reference_ms` on the reference model.
-    pub fn runtime_ms(&self, reference_ms: u64, model: &str) -> u64 {
+    pub fn runtime_ms(&self, reference_ms: u64, model: &ModelName) -> u64 {
         (reference_ms as f64 / self.factor(model)).round() as u64
     }
 
@@ -57,8 +58,8 @@ mod tests {
     #[test]
     fn scales_runtime_and_defaults_to_one() {
         let t = Throughput::from_toml("[models]\nH100 = 2.0\n").expect("table");
-        assert_eq!(t.runtime_ms(3_600_000, "h100"), 1_800_000);
-        assert_eq!(t.runtime_ms(3_600_000, "unknown"), 3_600_000);
+        assert_eq!(t.runtime_ms(3_600_000, &"h100".into()), 1_800_000);
+        assert_eq!(t.runtime_ms(3_600_000, &"unknown".into()), 3_600_000);
         assert!(Throughput::from_toml("[models]\nX = 0\n").is_err());
     }
 }

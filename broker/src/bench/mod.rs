@@ -50,7 +50,7 @@ impl Bench {
                     let (model, mem, watts, price) = MODELS[(rng.next_u64() % 3) as usize];
                     let count = 8 * (1 + (rng.next_u64() % 8) as u32);
                     PoolAdvert {
-                        name: format!("p{p}"),
+                        name: format!("p{p}").into(),
                         kind: AcceleratorKind::Gpu,
                         vendor: "nvidia".into(),
                         model: model.into(),

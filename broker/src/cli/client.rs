@@ -66,7 +66,7 @@ pub enum ClientCmd {
     },
     /// Stop replicas of a service: pending ones first, then cloud, partner and owned ones.
     ScaleIn {
-        service: String,
+        service: meridian_federation::ServiceName,
         /// How many replicas to stop.
         remove: u32,
         #[arg(long)]

@@ -175,7 +175,7 @@ fn may_watch(who: &Principal, v: &JobView) -> Result<(), Reply> {
     who.may(
         Verb::Watch,
         &v.tenant,
-        authz::queue_of(v.queue.as_deref()),
+        authz::queue_of(v.queue.as_ref()),
         &format!("job {}", v.job),
     )
     .map_err(denied)

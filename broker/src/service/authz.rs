@@ -6,8 +6,8 @@ use meridian_core::journal::Journal;
 use meridian_core::reactor::{Event, Reactor, Response, StepError};
 
 /// The queue a job is filed under for permissions: the one it names, else `default`.
-pub fn queue_of(queue: Option<&str>) -> &str {
-    queue.unwrap_or("default")
+pub fn queue_of(queue: Option<&meridian_federation::QueueName>) -> &str {
+    queue.map_or("default", meridian_federation::QueueName::as_str)
 }
 
 fn refused(d: Denied) -> StepError {
@@ -25,12 +25,12 @@ pub fn authorize<J: Journal>(
 ) -> Result<(), StepError> {
     let st = reactor.state();
     let allowed = match event {
-        Event::Submit(spec) => who.may_submit(&spec.tenant, queue_of(spec.queue.as_deref())),
+        Event::Submit(spec) => who.may_submit(&spec.tenant, queue_of(spec.queue.as_ref())),
         Event::Cancel(id) => match st.jobs().get(id) {
             Some(j) => who.may(
                 Verb::Cancel,
                 &j.spec.tenant,
-                queue_of(j.spec.queue.as_deref()),
+                queue_of(j.spec.queue.as_ref()),
                 &format!("job {id}"),
             ),
             // The step says it is not found.

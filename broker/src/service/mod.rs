@@ -1108,7 +1108,7 @@ fn answer(
                             .may(
                                 meridian_core::access::Verb::Watch,
                                 &j.spec.tenant,
-                                authz::queue_of(j.spec.queue.as_deref()),
+                                authz::queue_of(j.spec.queue.as_ref()),
                                 "",
                             )
                             .is_ok()

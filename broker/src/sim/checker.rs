@@ -5,13 +5,13 @@
 use super::engine::{ScheduleEntry, SimJob};
 use super::federation::SimFederation;
 use meridian_core::Millis;
-use meridian_federation::{JobKind, Tier};
+use meridian_federation::{JobKind, PoolName, Tier};
 use std::collections::BTreeMap;
 
 const HOUR_MS: u64 = 3_600_000;
 
 /// Per device (site, pool, index): the intervals it was used and the milli-share of each.
-type Usage = BTreeMap<(String, String, u32), Vec<(Millis, Millis, u32)>>;
+type Usage = BTreeMap<(String, PoolName, u32), Vec<(Millis, Millis, u32)>>;
 
 /// What the checker found.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -77,7 +77,7 @@ pub fn check(fed: &SimFederation, jobs: &[SimJob], schedule: &[ScheduleEntry]) -
                 .resources
                 .models
                 .iter()
-                .any(|m| m.eq_ignore_ascii_case(&pool.model))
+                .any(|m| m.matches(pool.model.as_str()))
         {
             bad(format!("model {} not allowed", pool.model));
         }
@@ -90,7 +90,7 @@ pub fn check(fed: &SimFederation, jobs: &[SimJob], schedule: &[ScheduleEntry]) -
             && !job
                 .trace_models
                 .iter()
-                .any(|alt| trace_alternative_met(alt, &pool.model, pool.memory_mib))
+                .any(|alt| trace_alternative_met(alt, pool.model.as_str(), pool.memory_mib))
         {
             bad(format!(
                 "the trace's gpu_spec {} is not met by {} with {} MiB",

@@ -8,8 +8,8 @@ use meridian_core::placement::Baseline;
 use meridian_core::reactor::{Command, CoreConfig, Event, Reactor, Response};
 use meridian_core::Millis;
 use meridian_federation::{
-    AttemptState, DeviceShare, JobId, JobPhase, JobSpec, JobStatus, OfferOutcome, Policy, SiteId,
-    WIRE_VERSION,
+    AttemptState, DeviceShare, JobId, JobPhase, JobSpec, JobStatus, ModelName, OfferOutcome,
+    Policy, PoolName, SiteId, WIRE_VERSION,
 };
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
@@ -52,9 +52,9 @@ pub struct ScheduleEntry {
     pub job_id: JobId,
     pub attempt: u32,
     pub site: SiteId,
-    pub pool: String,
+    pub pool: PoolName,
     /// The pool's model.
-    pub model: String,
+    pub model: ModelName,
     pub devices: Vec<DeviceShare>,
     pub start_ms: Millis,
     pub end_ms: Millis,

@@ -13,8 +13,8 @@ use meridian_core::inference::{plan_replicas, Population};
 use meridian_core::model::Site;
 use meridian_core::placement::Baseline;
 use meridian_federation::{
-    AcceleratorKind, Constraints, GeoPoint, JobKind, JobSpec, Policy, Resources, RunSpec, SiteId,
-    TenantId, UserLocation, WIRE_VERSION,
+    AcceleratorKind, Constraints, GeoPoint, JobKind, JobSpec, ModelName, Policy, PoolName,
+    Resources, RunSpec, SiteId, TenantId, UserLocation, WIRE_VERSION,
 };
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -826,8 +826,8 @@ struct ScheduleLine<'a> {
     job_id: &'a str,
     attempt: u32,
     site: &'a str,
-    pool: &'a str,
-    model: &'a str,
+    pool: &'a PoolName,
+    model: &'a ModelName,
     devices: Vec<DeviceLine>,
     start_ms: u64,
     end_ms: u64,

@@ -10,7 +10,7 @@
 //! - the request is `num_gpu` whole GPUs, or `gpu_milli` of one GPU when `num_gpu = 1` and `gpu_milli < 1000`;
 //!   `gpu_spec` is a `|`-separated list of allowed models (empty = any).
 
-use meridian_federation::GeoPoint;
+use meridian_federation::{GeoPoint, ModelName};
 use std::collections::BTreeMap;
 
 /// One GPU task of the trace.
@@ -100,13 +100,13 @@ pub fn parse_alibaba(text: &str) -> Result<Trace, String> {
 /// every alternative carries a memory suffix, the least memory they allow (MiB). `V100M32` is a V100 with at least
 /// 32 GiB per device; `V100M16|V100M32` is a V100 with at least 16 GiB; `T4|V100M32` is any T4 or a V100 with
 /// 32 GiB; the undisclosed models `G1`, `G2`, `G3` are model names like any other.
-pub fn model_constraint(alternatives: &[String]) -> (Vec<String>, BTreeMap<String, u64>) {
-    let mut models: Vec<String> = Vec::new();
+pub fn model_constraint(alternatives: &[String]) -> (Vec<ModelName>, BTreeMap<ModelName, u64>) {
+    let mut models: Vec<ModelName> = Vec::new();
     let mut memory: BTreeMap<String, Option<u64>> = BTreeMap::new();
     for alt in alternatives {
         let (model, gib) = split_memory_suffix(alt);
-        if !models.iter().any(|m| m.eq_ignore_ascii_case(&model)) {
-            models.push(model.clone());
+        if !models.iter().any(|m| m.matches(&model)) {
+            models.push(model.as_str().into());
         }
         let entry = memory.entry(model).or_insert(gib);
         *entry = match (*entry, gib) {
@@ -116,7 +116,7 @@ pub fn model_constraint(alternatives: &[String]) -> (Vec<String>, BTreeMap<Strin
     }
     let memory = memory
         .into_iter()
-        .filter_map(|(m, gib)| gib.map(|g| (m, g * 1024)))
+        .filter_map(|(m, gib)| gib.map(|g| (ModelName::from(m), g * 1024)))
         .collect();
     (models, memory)
 }
@@ -275,7 +275,7 @@ mod tests {
         let (models, memory) = c(&["V100M32"]);
         assert_eq!(
             (models, memory.get("V100")),
-            (vec!["V100".to_owned()], Some(&(32 * 1024)))
+            (vec![ModelName::from("V100")], Some(&(32 * 1024)))
         );
         let (models, memory) = c(&["T4", "V100M32", "G2"]);
         assert_eq!(models, vec!["T4", "V100", "G2"]);

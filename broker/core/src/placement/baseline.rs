@@ -55,7 +55,7 @@ pub(super) fn baseline_key(
     latency_ms: f64,
 ) -> Vec<f64> {
     let site = view.sites.get(&c.site);
-    let pool = site.and_then(|s| c.pool.as_deref().and_then(|p| s.pool(p)));
+    let pool = site.and_then(|s| c.pool.as_ref().and_then(|p| s.pool(p)));
     match (b, site, pool) {
         (Baseline::FifoFirstFit, _, _) => vec![0.0],
         (Baseline::Nearest, _, _) => vec![latency_ms],

@@ -105,7 +105,7 @@ fn pool_reject(pool: &Pool, spec: &JobSpec) -> Option<Reject> {
     let for_model = r
         .model_memory_mib
         .iter()
-        .find(|(m, _)| m.eq_ignore_ascii_case(&pool.model))
+        .find(|(m, _)| m.matches(pool.model.as_str()))
         .map(|(_, mib)| *mib);
     if let Some(need) = r.memory_mib.into_iter().chain(for_model).max() {
         if pool.memory_mib < need {

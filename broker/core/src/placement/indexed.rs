@@ -8,7 +8,7 @@ use crate::index::{Objective, SiteIndex};
 use crate::latency;
 use crate::model::{Pool, Site};
 use crate::Millis;
-use meridian_federation::{JobKind, JobSpec, Policy, SiteId, Tier};
+use meridian_federation::{JobKind, JobSpec, Policy, PoolName, SiteId, Tier};
 use std::collections::HashMap;
 
 /// Whether the job can run on this pool now, and its terms there if so. (Jobs with datasets take the full
@@ -36,7 +36,7 @@ fn examine<'a>(
     req: Request<'_>,
     now: Millis,
     id: &'a SiteId,
-    pool_name: &str,
+    pool_name: &PoolName,
     duration_ms: u64,
     examined: &mut Vec<&'a SiteId>,
 ) -> Option<Terms> {
@@ -49,7 +49,7 @@ fn examine<'a>(
 }
 
 /// One best-first list of pools with room: (lower bound of the term, site, pool), ascending by the bound.
-type List<'a> = Box<dyn Iterator<Item = (f64, &'a SiteId, &'a str)> + 'a>;
+type List<'a> = Box<dyn Iterator<Item = (f64, &'a SiteId, &'a PoolName)> + 'a>;
 
 /// The lists of a tier for the terms the search uses (cost, carbon, latency).
 fn lists<'a>(
@@ -295,7 +295,8 @@ fn threshold_search<'a>(
     let mut lists = lists(view, req.spec, index, tier, used, duration_ms);
     let mut frontier = PerTerm::splat(0.0);
     let mut best_score = f64::INFINITY;
-    let mut seen: std::collections::BTreeSet<(&SiteId, &str)> = std::collections::BTreeSet::new();
+    let mut seen: std::collections::BTreeSet<(&SiteId, &PoolName)> =
+        std::collections::BTreeSet::new();
     loop {
         let mut advanced = false;
         for (term, list) in lists.iter_mut() {

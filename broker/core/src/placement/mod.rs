@@ -74,7 +74,8 @@ use crate::throughput::Throughput;
 use crate::Millis;
 use indexed::place_indexed;
 use meridian_federation::{
-    AcceleratorKind, DeviceShare, JobKind, JobSpec, Policy, SiteId, Tier, Weights,
+    AcceleratorKind, DeviceShare, JobKind, JobSpec, ModelName, Policy, PoolName, SiteId, Tier,
+    Weights,
 };
 use scan::place_over;
 use std::collections::BTreeMap;
@@ -106,7 +107,7 @@ pub struct Request<'a> {
     /// Sites that refused this job recently.
     pub refused: &'a [SiteId],
     /// Pools (site, pool) where the job's queue has reached its per-site quota cap.
-    pub capped: &'a [(SiteId, String)],
+    pub capped: &'a [(SiteId, PoolName)],
     /// Rank by a simple baseline instead of the job's policy (the simulator's comparisons).
     pub baseline: Option<Baseline>,
     /// What the tenant's jobs under this job's premium rule have spent so far (rules without a premium ignore
@@ -126,7 +127,7 @@ pub enum Reject {
     OutsideResidency(String),
     MissingDataset(String),
     NoPoolOfKind(AcceleratorKind),
-    ModelNotAllowed(String),
+    ModelNotAllowed(ModelName),
     TooLittleMemory {
         has_mib: u64,
         needs_mib: u64,
@@ -232,7 +233,7 @@ impl fmt::Display for Reject {
 pub struct Candidate {
     pub site: SiteId,
     pub tier: Tier,
-    pub pool: Option<String>,
+    pub pool: Option<PoolName>,
     pub terms: Option<Terms>,
     pub reject: Option<Reject>,
 }
@@ -241,7 +242,7 @@ pub struct Candidate {
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Choice {
     pub site: SiteId,
-    pub pool: String,
+    pub pool: PoolName,
     pub tier: Tier,
     pub devices: Vec<DeviceShare>,
     pub terms: Terms,

@@ -195,7 +195,7 @@ pub(super) fn place_over<'s>(
     let deferral = winner.as_ref().and_then(|(_, i, _)| {
         let c = &candidates[*i];
         let site = view.sites.get(&c.site)?;
-        let pool = c.pool.as_deref().and_then(|p| site.pool(p))?;
+        let pool = c.pool.as_ref().and_then(|p| site.pool(p))?;
         let weighs_carbon = req.baseline.is_none()
             && matches!(
                 policy,

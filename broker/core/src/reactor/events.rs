@@ -3,7 +3,7 @@
 use crate::journal::JournalError;
 use meridian_federation::{
     CancelAttempt, ErrorCode, Heartbeat, Inventory, InventoryMark, JobId, JobSpec, JobStatus,
-    Offer, OfferOutcome, SiteAdvert, SiteId, SubmitReply, TenantId,
+    Offer, OfferOutcome, ServiceName, SiteAdvert, SiteId, SubmitReply, TenantId,
 };
 
 /// Everything that can change broker state.
@@ -31,7 +31,7 @@ pub enum Event {
     /// Stop `remove` replicas of a tenant's service (see [`Reactor::scale_in_order`]).
     ScaleIn {
         tenant: TenantId,
-        service: String,
+        service: ServiceName,
         remove: u32,
     },
     /// Replace the queues, quotas, priority classes and budgets (the tenancy file's text). Journaled, so an

@@ -73,7 +73,7 @@ impl<J: Journal> Reactor<J> {
                 },
             );
             let queue = self.tenancy.as_ref().and_then(|t| {
-                t.queue_of(&job.spec.tenant, job.spec.queue.as_deref())
+                t.queue_of(&job.spec.tenant, job.spec.queue.as_ref())
                     .ok()
                     .map(|q| q.name.clone())
             });

@@ -8,7 +8,8 @@ use std::collections::{BTreeMap, BTreeSet};
 impl<J: Journal> Reactor<J> {
     /// Checks the invariants of broker state; returns the first one broken. Tests call it after every step.
     pub fn sanity_check(&self) -> Result<(), String> {
-        let mut reserved: BTreeMap<(SiteId, String, u32), u32> = BTreeMap::new();
+        let mut reserved: BTreeMap<(SiteId, meridian_federation::PoolName, u32), u32> =
+            BTreeMap::new();
         for job in self.state.jobs.values() {
             match (job.holds_devices(), &job.assignment) {
                 (true, Some(a)) => {
@@ -145,7 +146,7 @@ impl<J: Journal> Reactor<J> {
                 .collect()
         };
         let mut out = Vec::new();
-        let mut cohorts: BTreeMap<(String, String), (u64, u64)> = BTreeMap::new();
+        let mut cohorts: BTreeMap<(String, crate::quota::Class), (u64, u64)> = BTreeMap::new();
         for q in t.queues.values() {
             for (class, nominal) in &q.nominal {
                 let u = used
@@ -161,7 +162,7 @@ impl<J: Journal> Reactor<J> {
                     });
                 }
                 let key = (
-                    q.cohort.clone().unwrap_or_else(|| q.name.clone()),
+                    q.cohort.clone().unwrap_or_else(|| q.name.to_string()),
                     class.clone(),
                 );
                 let e = cohorts.entry(key).or_default();
@@ -190,7 +191,7 @@ impl<J: Journal> Reactor<J> {
             let members: Vec<&str> = t
                 .queues
                 .values()
-                .filter(|q| q.cohort.as_deref().unwrap_or(&q.name) == cohort)
+                .filter(|q| q.cohort.as_deref().unwrap_or(q.name.as_str()) == cohort)
                 .map(|q| q.name.as_str())
                 .collect();
             out.push(QuotaLimit {

@@ -6,8 +6,8 @@ use crate::journal::Journal;
 use crate::model::Job;
 use crate::{metering, Millis};
 use meridian_federation::{
-    AttemptState, CancelAttempt, JobId, JobPhase, JobSpec, JobStatus, OfferOutcome, SiteId,
-    SubmitReply, TenantId, WIRE_VERSION,
+    AttemptState, CancelAttempt, JobId, JobPhase, JobSpec, JobStatus, OfferOutcome, QueueName,
+    ServiceName, SiteId, SubmitReply, TenantId, WIRE_VERSION,
 };
 
 impl<J: Journal> Reactor<J> {
@@ -367,8 +367,8 @@ impl<J: Journal> Reactor<J> {
             .map(|j| {
                 j.spec
                     .queue
-                    .clone()
-                    .unwrap_or_else(|| j.spec.tenant.to_string())
+                    .as_ref()
+                    .map_or_else(|| j.spec.tenant.to_string(), QueueName::to_string)
             })
             .unwrap_or_default();
         let why = format!("preempted by {by} (queue {by_queue}): {reason}");
@@ -379,13 +379,13 @@ impl<J: Journal> Reactor<J> {
     /// The order in which a service's live replicas are stopped on scale-in: pending ones first, then those on
     /// cloud sites, then partner, then owned ones (burst capacity is given back first); within a tier the
     /// dearest per device-hour first, then the newest.
-    pub fn scale_in_order(&self, tenant: &TenantId, service: &str) -> Vec<JobId> {
+    pub fn scale_in_order(&self, tenant: &TenantId, service: &ServiceName) -> Vec<JobId> {
         let mut replicas: Vec<(u8, std::cmp::Reverse<u64>, std::cmp::Reverse<JobId>)> = self
             .state
             .active_jobs()
             .filter(|j| {
                 &j.spec.tenant == tenant
-                    && j.spec.service.as_deref() == Some(service)
+                    && j.spec.service.as_ref() == Some(service)
                     && !j.cancel_requested
             })
             .map(|j| {

@@ -243,7 +243,7 @@ impl<J: Journal> Reactor<J> {
                     });
                 }
                 if let Some(t) = &self.tenancy {
-                    t.queue_of(&spec.tenant, spec.queue.as_deref())
+                    t.queue_of(&spec.tenant, spec.queue.as_ref())
                         .map_err(|e| StepError::Invalid {
                             field: "queue".into(),
                             problem: e.to_string(),

@@ -6,7 +6,9 @@ use crate::journal::Journal;
 use crate::model::Assignment;
 use crate::placement::{self, Outcome, Request, View};
 use crate::Millis;
-use meridian_federation::{JobId, JobPhase, JobSpec, Offer, SiteId, TenantId, WIRE_VERSION};
+use meridian_federation::{
+    JobId, JobPhase, JobSpec, Offer, QueueName, SiteId, TenantId, WIRE_VERSION,
+};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 
@@ -125,8 +127,8 @@ impl<J: Journal> Reactor<J> {
                     * FAIR_SHARE_WINDOW_MS as f64;
             }
         }
-        let mut used: BTreeMap<(String, AcceleratorKind), f64> = BTreeMap::new();
-        let mut queues: HashMap<(&TenantId, Option<&str>), Option<&crate::quota::Queue>> =
+        let mut used: BTreeMap<(QueueName, AcceleratorKind), f64> = BTreeMap::new();
+        let mut queues: HashMap<(&TenantId, Option<&QueueName>), Option<&crate::quota::Queue>> =
             HashMap::new();
         for job in self
             .state
@@ -139,8 +141,8 @@ impl<J: Journal> Reactor<J> {
                 continue;
             }
             let q = *queues
-                .entry((&job.spec.tenant, job.spec.queue.as_deref()))
-                .or_insert_with(|| t.queue_of(&job.spec.tenant, job.spec.queue.as_deref()).ok());
+                .entry((&job.spec.tenant, job.spec.queue.as_ref()))
+                .or_insert_with(|| t.queue_of(&job.spec.tenant, job.spec.queue.as_ref()).ok());
             let Some(q) = q else {
                 continue;
             };
@@ -171,7 +173,7 @@ impl<J: Journal> Reactor<J> {
             *used.entry((q.clone(), r.kind)).or_default() +=
                 r.milli as f64 * overlap as f64 * self.throughput.factor(&r.model);
         }
-        let mut dominant: HashMap<String, f64> = HashMap::new();
+        let mut dominant: HashMap<QueueName, f64> = HashMap::new();
         for ((q, kind), u) in &used {
             let share = u / capacity.get(kind).copied().unwrap_or(f64::INFINITY);
             let d = dominant.entry(q.clone()).or_insert(0.0);
@@ -197,13 +199,13 @@ impl<J: Journal> Reactor<J> {
                 let priority = t
                     .priority_of(job.spec.priority.as_deref())
                     .unwrap_or(t.default_priority);
-                match t.queue_of(&job.spec.tenant, job.spec.queue.as_deref()) {
+                match t.queue_of(&job.spec.tenant, job.spec.queue.as_ref()) {
                     Ok(q) => {
                         let demand = Self::spec_demand(&job.spec)
                             .into_iter()
                             .map(|(c, m)| (q.name.clone(), c, m))
                             .collect();
-                        (q.name.clone(), Some(q.name.clone()), priority, demand)
+                        (q.name.to_string(), Some(q.name.clone()), priority, demand)
                     }
                     Err(_) => (tenant_owner(&job.spec.tenant), None, priority, Vec::new()),
                 }
@@ -395,7 +397,7 @@ impl<J: Journal> Reactor<J> {
     fn queue_policy(&self, spec: &JobSpec) -> Option<&meridian_federation::Policy> {
         self.tenancy
             .as_ref()?
-            .queue_of(&spec.tenant, spec.queue.as_deref())
+            .queue_of(&spec.tenant, spec.queue.as_ref())
             .ok()?
             .policy
             .as_ref()
@@ -629,7 +631,7 @@ pub(super) struct Tried {
 #[derive(Clone, Debug, Default)]
 struct Order {
     tenancy: bool,
-    dominant: HashMap<String, f64>,
+    dominant: HashMap<QueueName, f64>,
 }
 
 impl Order {

@@ -2,7 +2,9 @@
 
 use crate::model::{Job, Site};
 use crate::Millis;
-use meridian_federation::{AcceleratorKind, Amounts, JobId, SiteId, TenantId};
+use meridian_federation::{
+    AcceleratorKind, Amounts, JobId, ModelName, QueueName, SiteId, TenantId,
+};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// An archived job's idempotency key: a resubmission within the window returns the job (if the spec is the
@@ -21,9 +23,9 @@ pub struct ArchivedKey {
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct RecentRun {
     pub tenant: TenantId,
-    pub queue: Option<String>,
+    pub queue: Option<QueueName>,
     pub kind: AcceleratorKind,
-    pub model: String,
+    pub model: ModelName,
     pub milli: u64,
     pub start_ms: Millis,
     pub end_ms: Millis,

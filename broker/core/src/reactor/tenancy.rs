@@ -37,7 +37,7 @@ impl<J: Journal> Reactor<J> {
         let (Some(t), Some(job)) = (&self.tenancy, self.state.jobs.get(id)) else {
             return Admission::Admit;
         };
-        let queue = match t.queue_of(&job.spec.tenant, job.spec.queue.as_deref()) {
+        let queue = match t.queue_of(&job.spec.tenant, job.spec.queue.as_ref()) {
             Ok(q) => q,
             // Its queue was removed after it was submitted: it waits for one rather than run outside quota.
             Err(why) => {
@@ -63,7 +63,7 @@ impl<J: Journal> Reactor<J> {
         demand.insert(any[1].clone(), milli);
         if let [model] = spec.resources.models.as_slice() {
             demand.insert(
-                crate::quota::classes_of(spec.resources.kind, model)[0].clone(),
+                crate::quota::classes_of(spec.resources.kind, model.as_str())[0].clone(),
                 milli,
             );
         }
@@ -74,7 +74,7 @@ impl<J: Journal> Reactor<J> {
     pub(super) fn class_usage(
         &self,
         site: &SiteId,
-        pool: &str,
+        pool: &meridian_federation::PoolName,
         devices: &[meridian_federation::DeviceShare],
     ) -> BTreeMap<crate::quota::Class, u64> {
         let milli: u64 = devices.iter().map(|d| u64::from(d.milli)).sum();
@@ -83,7 +83,7 @@ impl<J: Journal> Reactor<J> {
             .get(site)
             .and_then(|s| s.pool(pool))
             .map(|p| {
-                crate::quota::classes_of(p.kind, &p.model)
+                crate::quota::classes_of(p.kind, p.model.as_str())
                     .into_iter()
                     .map(|c| (c, milli))
                     .collect()
@@ -96,11 +96,11 @@ impl<J: Journal> Reactor<J> {
         &self,
         job: &crate::model::Job,
         quota: &mut Option<crate::quota::QuotaView>,
-    ) -> Vec<(SiteId, String)> {
+    ) -> Vec<(SiteId, meridian_federation::PoolName)> {
         let Some(t) = &self.tenancy else {
             return Vec::new();
         };
-        let Ok(queue) = t.queue_of(&job.spec.tenant, job.spec.queue.as_deref()) else {
+        let Ok(queue) = t.queue_of(&job.spec.tenant, job.spec.queue.as_ref()) else {
             return Vec::new();
         };
         if queue.site_caps.is_empty() {
@@ -110,7 +110,7 @@ impl<J: Journal> Reactor<J> {
         let pools = self.state.sites.values().flat_map(|s| {
             s.pools
                 .iter()
-                .map(move |p| (s.id(), p.name.as_str(), p.kind, p.model.as_str()))
+                .map(move |p| (s.id(), &p.name, p.kind, &p.model))
         });
         let view = quota.get_or_insert_with(|| self.quota_view(t));
         crate::quota::capped_pools(queue, &view.holdings, pools, milli)
@@ -123,7 +123,7 @@ impl<J: Journal> Reactor<J> {
             .filter(|j| j.holds_devices())
             .filter_map(|j| {
                 let a = j.assignment.as_ref()?;
-                let queue = t.queue_of(&j.spec.tenant, j.spec.queue.as_deref()).ok()?;
+                let queue = t.queue_of(&j.spec.tenant, j.spec.queue.as_ref()).ok()?;
                 Some(crate::quota::Holding {
                     job: j.id.clone(),
                     queue: queue.name.clone(),

@@ -13,7 +13,7 @@
 
 use crate::quota::Class;
 use crate::Millis;
-use meridian_federation::{JobId, TenantId};
+use meridian_federation::{JobId, QueueName, TenantId};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// What tells groups apart (see the module docs).
@@ -32,7 +32,7 @@ pub(crate) struct GroupKey {
 pub(crate) struct Group {
     pub key: GroupKey,
     /// The queue, when the owner is one whose quota applies.
-    pub queue: Option<String>,
+    pub queue: Option<QueueName>,
     pub jobs: BTreeSet<JobId>,
 }
 
@@ -44,7 +44,7 @@ struct Filed {
     stamp: u64,
     timer: Option<Millis>,
     /// The quota classes its demand counts against, with the demand.
-    demand: Vec<(String, Class, u64)>,
+    demand: Vec<(QueueName, Class, u64)>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -56,7 +56,7 @@ pub(crate) struct Waiting {
     stamps: u64,
     timers: BTreeSet<(Millis, JobId)>,
     /// (queue, class) → waiting demand (milli) → how many jobs.
-    demand: BTreeMap<(String, Class), BTreeMap<u64, usize>>,
+    demand: BTreeMap<(QueueName, Class), BTreeMap<u64, usize>>,
 }
 
 impl PartialEq for Waiting {
@@ -88,9 +88,9 @@ impl Waiting {
         &mut self,
         id: &JobId,
         key: GroupKey,
-        queue: Option<String>,
+        queue: Option<QueueName>,
         timer: Option<Millis>,
-        demand: Vec<(String, Class, u64)>,
+        demand: Vec<(QueueName, Class, u64)>,
     ) {
         self.remove(id);
         let group = match self.ids.get(&key) {
@@ -225,8 +225,8 @@ impl Waiting {
     }
 
     /// Per queue, the smallest waiting demand of each class.
-    pub fn smallest_demands(&self) -> Vec<(String, BTreeMap<Class, u64>)> {
-        let mut out: BTreeMap<String, BTreeMap<Class, u64>> = BTreeMap::new();
+    pub fn smallest_demands(&self) -> Vec<(QueueName, BTreeMap<Class, u64>)> {
+        let mut out: BTreeMap<QueueName, BTreeMap<Class, u64>> = BTreeMap::new();
         for ((q, c), counts) in &self.demand {
             if let Some((m, _)) = counts.iter().next() {
                 out.entry(q.clone()).or_default().insert(c.clone(), *m);

@@ -180,7 +180,7 @@ fn scale_in_gives_back_cloud_replicas_first() {
     let tenant = TenantId::new("team-a").unwrap();
     let order: Vec<Option<String>> = env
         .reactor
-        .scale_in_order(&tenant, "chat")
+        .scale_in_order(&tenant, &"chat".into())
         .iter()
         .map(|id| site_of(&env, id))
         .collect();

@@ -58,7 +58,7 @@ mod placement_oracle {
             spec.max_wait_s = 1;
             spec.constraints.price_cap_micro_usd_per_hour = cap.map(|c| c * 100_000);
             spec.constraints.residency = eu.then(|| "eu".to_string());
-            spec.resources.models = model.map(|m| vec![["A100", "H100"][m].to_string()]).unwrap_or_default();
+            spec.resources.models = model.map(|m| vec![["A100", "H100"][m].into()]).unwrap_or_default();
             let user = GeoPoint { lat: user.0, lon: user.1 };
             spec.users = vec![UserLocation { name: None, location: user, weight: 1.0, rtt_region: None }];
             let regions = regions();
