@@ -7,24 +7,38 @@ use std::fmt;
 /// Longest id accepted, in bytes.
 pub const MAX_ID_LEN: usize = 64;
 
-/// Checks that `s` is a usable id; the error text says what is wrong with it.
-pub fn check_id(s: &str) -> Result<(), String> {
+/// What makes a text unusable as an id (or as any name that is a subject token).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IdProblem {
+    #[error("must not be empty")]
+    Empty,
+    #[error("is {0} bytes long; the limit is {MAX_ID_LEN}")]
+    TooLong(usize),
+    #[error("contains {0:?}; only letters, digits, '_' and '-' are allowed")]
+    Character(char),
+}
+
+/// A text that is not a valid id, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid id {id:?}: {problem}")]
+pub struct IdError {
+    pub id: String,
+    pub problem: IdProblem,
+}
+
+/// Checks that `s` is a usable id.
+pub fn check_id(s: &str) -> Result<(), IdProblem> {
     if s.is_empty() {
-        return Err("must not be empty".into());
+        return Err(IdProblem::Empty);
     }
     if s.len() > MAX_ID_LEN {
-        return Err(format!(
-            "is {} bytes long; the limit is {MAX_ID_LEN}",
-            s.len()
-        ));
+        return Err(IdProblem::TooLong(s.len()));
     }
     if let Some(c) = s
         .chars()
         .find(|c| !(c.is_ascii_alphanumeric() || *c == '_' || *c == '-'))
     {
-        return Err(format!(
-            "contains {c:?}; only letters, digits, '_' and '-' are allowed"
-        ));
+        return Err(IdProblem::Character(c));
     }
     Ok(())
 }
@@ -41,10 +55,12 @@ macro_rules! id_type {
 
         impl $name {
             /// Builds the id, or says why `s` is not a valid one.
-            pub fn new(s: impl Into<String>) -> Result<Self, String> {
+            pub fn new(s: impl Into<String>) -> Result<Self, IdError> {
                 let s = s.into();
-                check_id(&s).map_err(|problem| format!("invalid id {s:?}: {problem}"))?;
-                Ok(Self(s))
+                match check_id(&s) {
+                    Ok(()) => Ok(Self(s)),
+                    Err(problem) => Err(IdError { id: s, problem }),
+                }
             }
 
             pub fn as_str(&self) -> &str {
@@ -53,8 +69,8 @@ macro_rules! id_type {
         }
 
         impl TryFrom<String> for $name {
-            type Error = String;
-            fn try_from(s: String) -> Result<Self, String> {
+            type Error = IdError;
+            fn try_from(s: String) -> Result<Self, IdError> {
                 Self::new(s)
             }
         }
@@ -72,8 +88,8 @@ macro_rules! id_type {
         }
 
         impl std::str::FromStr for $name {
-            type Err = String;
-            fn from_str(s: &str) -> Result<Self, String> {
+            type Err = IdError;
+            fn from_str(s: &str) -> Result<Self, IdError> {
                 Self::new(s)
             }
         }
@@ -128,7 +144,7 @@ mod tests {
     #[test]
     fn rejects_dots_wildcards_spaces_and_length() {
         for bad in ["a.b", "a*", ">", "a b", "", &"x".repeat(65)] {
-            let err = SiteId::new(bad).expect_err(bad);
+            let err = SiteId::new(bad).expect_err(bad).to_string();
             assert!(err.contains("invalid id"), "{err}");
         }
     }

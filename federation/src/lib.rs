@@ -18,7 +18,7 @@ pub mod validate;
 
 pub use codec::{decode, decode_strict, encode, MAX_MESSAGE_BYTES};
 pub use error::{ErrorBody, ErrorCode, WireError};
-pub use ids::{JobId, SiteId, TenantId};
+pub use ids::{IdError, JobId, SiteId, TenantId};
 pub use messages::*;
 pub use names::{ModelName, PoolName, QueueName, ServiceName};
 

@@ -517,12 +517,13 @@ impl Policy {
 
     /// Reads what [`Policy::label`] writes (weights excepted): `cost`, `carbon-price=190`,
     /// `max-cost-premium=0.05`, … Errors say what is accepted.
-    pub fn parse_label(s: &str) -> Result<Policy, String> {
-        let number = |v: &str, what: &str| -> Result<f64, String> {
+    pub fn parse_label(s: &str) -> Result<Policy, crate::WireError> {
+        let bad = |problem: String| crate::WireError::invalid("policy", problem);
+        let number = |v: &str, what: &str| -> Result<f64, crate::WireError> {
             v.parse::<f64>()
                 .ok()
                 .filter(|x| x.is_finite() && *x >= 0.0)
-                .ok_or_else(|| format!("{what} {v:?}: expected a number ≥ 0"))
+                .ok_or_else(|| bad(format!("{what} {v:?}: expected a number ≥ 0")))
         };
         let p = match s.split_once('=') {
             Some(("carbon-price", v)) => Policy::CarbonPriceUsdPerT(number(v, "carbon-price")?),
@@ -532,12 +533,21 @@ impl Policy {
                 "cost" => Policy::Cost,
                 "green" => Policy::Green,
                 "balanced" => Policy::Balanced,
-                _ => return Err(format!("unknown policy {s:?}; known: latency, cost, green, balanced, carbon-price=USD_PER_T, max-cost-premium=FRACTION")),
+                _ => {
+                    return Err(bad(format!(
+                        "unknown policy {s:?}; known: {KNOWN_POLICIES}"
+                    )))
+                }
             },
-            Some(_) => return Err(format!("unknown policy {s:?}; known: latency, cost, green, balanced, carbon-price=USD_PER_T, max-cost-premium=FRACTION")),
+            Some(_) => {
+                return Err(bad(format!(
+                    "unknown policy {s:?}; known: {KNOWN_POLICIES}"
+                )))
+            }
         };
-        p.problem()
-            .map_or(Ok(p), |(field, why)| Err(format!("{field}: {why}")))
+        p.problem().map_or(Ok(p), |(field, why)| {
+            Err(crate::WireError::invalid(field, why))
+        })
     }
 
     /// What is wrong with the policy's parameters (field, problem), if anything.
@@ -553,6 +563,10 @@ impl Policy {
         }
     }
 }
+
+/// The policies [`Policy::parse_label`] reads, as its errors list them.
+const KNOWN_POLICIES: &str =
+    "latency, cost, green, balanced, carbon-price=USD_PER_T, max-cost-premium=FRACTION";
 
 /// A job's start window. A job with a deadline is deferrable: under the `green` and `balanced` policies it
 /// may be held for a lower-carbon hour, as long as it still finishes by the deadline.

@@ -70,7 +70,7 @@ fn name(field: &str, s: impl AsRef<str>, max: usize) -> R {
 }
 
 fn token(field: &str, s: impl AsRef<str>) -> R {
-    check_id(s.as_ref()).map_err(|p| WireError::invalid(field, p))
+    check_id(s.as_ref()).map_err(|p| WireError::invalid(field, p.to_string()))
 }
 
 fn count_limit(field: &str, len: usize, max: usize) -> R {

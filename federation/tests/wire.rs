@@ -304,8 +304,12 @@ fn carbon_policies_and_memory_per_model_round_trip() {
     );
     assert!(Policy::parse_label("carbon-price=abc")
         .unwrap_err()
+        .to_string()
         .contains("carbon-price"));
-    assert!(Policy::parse_label("cheap").unwrap_err().contains("known"));
+    assert!(Policy::parse_label("cheap")
+        .unwrap_err()
+        .to_string()
+        .contains("known"));
 }
 
 #[test]

@@ -138,24 +138,41 @@ impl Default for AgentSettings {
     }
 }
 
-fn usd_to_micro(field: &str, usd: f64) -> Result<u64, String> {
+/// Why a site file is not acceptable; the text names the line or field.
+#[derive(Debug, thiserror::Error)]
+pub enum SiteFileError {
+    /// Not TOML, or TOML of the wrong shape.
+    #[error(transparent)]
+    Syntax(#[from] toml::de::Error),
+    /// A price that is not a number of USD in range.
+    #[error("{field}: {usd} is not a price in 0..=1000000 USD")]
+    Price { field: String, usd: f64 },
+    /// The advert it makes breaks the wire's rules for site data.
+    #[error(transparent)]
+    Invalid(#[from] meridian_federation::WireError),
+}
+
+fn usd_to_micro(field: &str, usd: f64) -> Result<u64, SiteFileError> {
     if !usd.is_finite() || !(0.0..=1e6).contains(&usd) {
-        return Err(format!("{field}: {usd} is not a price in 0..=1000000 USD"));
+        return Err(SiteFileError::Price {
+            field: field.to_owned(),
+            usd,
+        });
     }
     Ok((usd * 1e6).round() as u64)
 }
 
 /// Parses and checks a site file. Errors name the line and field.
-pub fn parse_site_file(text: &str) -> Result<SiteFile, String> {
-    let file: SiteFile = toml::from_str(text).map_err(|e| e.to_string())?;
+pub fn parse_site_file(text: &str) -> Result<SiteFile, SiteFileError> {
+    let file: SiteFile = toml::from_str(text)?;
     // The advert's validation is the one set of rules for site data; check it here too, at start.
     let advert = file.advert(0, 0)?;
-    meridian_federation::validate::Validate::validate(&advert).map_err(|e| e.to_string())?;
+    meridian_federation::validate::Validate::validate(&advert)?;
     Ok(file)
 }
 
 impl SiteFile {
-    pub fn site_info(&self, forecast_start_ms: u64) -> Result<SiteInfo, String> {
+    pub fn site_info(&self, forecast_start_ms: u64) -> Result<SiteInfo, SiteFileError> {
         Ok(SiteInfo {
             id: self.id.clone(),
             kind: self.kind,
@@ -186,7 +203,7 @@ impl SiteFile {
     }
 
     /// The declared pools, all devices free and healthy.
-    pub fn pools(&self) -> Result<Vec<PoolAdvert>, String> {
+    pub fn pools(&self) -> Result<Vec<PoolAdvert>, SiteFileError> {
         self.pools
             .iter()
             .enumerate()
@@ -231,7 +248,7 @@ impl SiteFile {
         &self,
         generation: u64,
         now_ms: u64,
-    ) -> Result<meridian_federation::SiteAdvert, String> {
+    ) -> Result<meridian_federation::SiteAdvert, SiteFileError> {
         Ok(meridian_federation::SiteAdvert {
             v: meridian_federation::WIRE_VERSION,
             site: self.site_info(now_ms - now_ms % 3_600_000)?,
@@ -282,13 +299,16 @@ price_usd_per_hour = 0.8
     #[test]
     fn errors_name_the_problem() {
         let err = parse_site_file(&SITE.replace("latitude = 50.11", "latitude = 200.0"))
-            .expect_err("lat");
+            .expect_err("lat")
+            .to_string();
         assert!(err.contains("site.location.lat"), "{err}");
-        let err =
-            parse_site_file(&SITE.replace("kind = \"gpu\"", "kind = \"tpu\"")).expect_err("kind");
+        let err = parse_site_file(&SITE.replace("kind = \"gpu\"", "kind = \"tpu\""))
+            .expect_err("kind")
+            .to_string();
         assert!(err.contains("tpu"), "{err}");
         let err = parse_site_file(&SITE.replace("pue = 1.6", "pue = 1.6\ncolour = 3"))
-            .expect_err("unknown");
+            .expect_err("unknown")
+            .to_string();
         assert!(err.contains("colour"), "{err}");
     }
 }

@@ -10,6 +10,25 @@ use std::collections::BTreeMap;
 /// How many finished attempts are remembered for answering repeats.
 const REMEMBERED: usize = 10_000;
 
+/// Why the agent refuses an offer (its text is the reply's `reason`).
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum Refusal {
+    #[error("offer is for site {0}, this is {1}")]
+    OtherSite(meridian_federation::SiteId, meridian_federation::SiteId),
+    #[error("site is draining")]
+    Draining,
+    #[error("no pool {0}")]
+    NoPool(meridian_federation::PoolName),
+    #[error("pool {0} holds {1} devices")]
+    WrongKind(meridian_federation::PoolName, &'static str),
+    #[error("no device {0} in pool {1}")]
+    NoDevice(u32, meridian_federation::PoolName),
+    #[error("device {0} is unhealthy")]
+    Unhealthy(u32),
+    #[error("device {device} has {free} milli free, offer needs {needs}")]
+    Full { device: u32, free: u32, needs: u32 },
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Attempt {
     pub reply: OfferReply,
@@ -76,7 +95,9 @@ impl AgentCore {
         }
         let outcome = match self.check(offer) {
             Ok(()) => OfferOutcome::Accepted,
-            Err(reason) => OfferOutcome::Rejected { reason },
+            Err(refusal) => OfferOutcome::Rejected {
+                reason: refusal.to_string(),
+            },
         };
         let accepted = outcome == OfferOutcome::Accepted;
         if accepted {
@@ -106,44 +127,36 @@ impl AgentCore {
         (reply, accepted)
     }
 
-    fn check(&self, offer: &Offer) -> Result<(), String> {
+    fn check(&self, offer: &Offer) -> Result<(), Refusal> {
         if offer.site != self.info.id {
-            return Err(format!(
-                "offer is for site {}, this is {}",
-                offer.site, self.info.id
-            ));
+            return Err(Refusal::OtherSite(offer.site.clone(), self.info.id.clone()));
         }
         if self.draining {
-            return Err("site is draining".into());
+            return Err(Refusal::Draining);
         }
         let pool = self
             .pools
             .iter()
             .find(|p| p.name == offer.pool)
-            .ok_or_else(|| format!("no pool {}", offer.pool))?;
+            .ok_or_else(|| Refusal::NoPool(offer.pool.clone()))?;
         if pool.kind != offer.spec.resources.kind {
-            return Err(format!(
-                "pool {} holds {} devices",
-                pool.name,
-                pool.kind.as_str()
-            ));
+            return Err(Refusal::WrongKind(pool.name.clone(), pool.kind.as_str()));
         }
         for share in &offer.devices {
             let d = pool
                 .devices
                 .iter()
                 .find(|d| d.index == share.index)
-                .ok_or_else(|| format!("no device {} in pool {}", share.index, pool.name))?;
+                .ok_or_else(|| Refusal::NoDevice(share.index, pool.name.clone()))?;
             if !d.healthy {
-                return Err(format!("device {} is unhealthy", d.index));
+                return Err(Refusal::Unhealthy(d.index));
             }
             if d.used_milli + share.milli > 1000 {
-                return Err(format!(
-                    "device {} has {} milli free, offer needs {}",
-                    d.index,
-                    1000 - d.used_milli,
-                    share.milli
-                ));
+                return Err(Refusal::Full {
+                    device: d.index,
+                    free: 1000 - d.used_milli,
+                    needs: share.milli,
+                });
             }
         }
         Ok(())
@@ -217,12 +230,6 @@ impl AgentCore {
             },
         );
         self.changes += 1;
-    }
-
-    pub fn is_active(&self, job: &JobId, attempt: u32) -> bool {
-        self.attempts
-            .get(&(job.clone(), attempt))
-            .is_some_and(|a| a.active)
     }
 
     pub fn attempt(&self, job: &JobId, attempt: u32) -> Option<&Attempt> {

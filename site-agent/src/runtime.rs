@@ -102,7 +102,7 @@ struct Agent {
 
 /// Pools from the site file, with NVIDIA GPU pools replaced by what NVML finds where it is available.
 fn inventory(site: &SiteFile) -> anyhow::Result<Vec<PoolAdvert>> {
-    let mut pools = site.pools().map_err(anyhow::Error::msg)?;
+    let mut pools = site.pools()?;
     if site.agent.nvml == NvmlMode::Off {
         return Ok(pools);
     }

@@ -8,7 +8,8 @@
 //! the audit). A job of another tenant is answered as if it did not exist, so a token cannot even learn which
 //! job ids other tenants have.
 
-use meridian_federation::TenantId;
+use crate::error::CoreError;
+use meridian_federation::{QueueName, TenantId};
 use serde::{Deserialize, Serialize};
 
 /// What a grant allows.
@@ -44,7 +45,7 @@ impl Verb {
 pub struct Grant {
     pub verb: Verb,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub queues: Vec<String>,
+    pub queues: Vec<QueueName>,
 }
 
 impl Grant {
@@ -54,7 +55,7 @@ impl Grant {
 }
 
 /// A role as written on the command line: `admin`, `viewer`, or `VERB[:QUEUE,QUEUE…]`.
-pub fn parse_role(s: &str) -> Result<Role, String> {
+pub fn parse_role(s: &str) -> Result<Role, CoreError> {
     match s {
         "admin" => Ok(Role::Admin),
         "viewer" => Ok(Role::Grants(vec![
@@ -72,14 +73,12 @@ pub fn parse_role(s: &str) -> Result<Role, String> {
             let verb = Verb::ALL
                 .into_iter()
                 .find(|v| v.as_str() == verb)
-                .ok_or_else(|| {
-                    format!("{s:?} is not a role: admin, viewer, or submit, cancel, watch, report (each optionally :QUEUE,QUEUE)")
-                })?;
-            let queues: Vec<String> = queues
+                .ok_or_else(|| CoreError::UnknownRole { role: s.to_owned() })?;
+            let queues: Vec<QueueName> = queues
                 .split(',')
                 .map(str::trim)
                 .filter(|q| !q.is_empty() && *q != "*")
-                .map(str::to_owned)
+                .map(QueueName::from)
                 .collect();
             Ok(Role::Grants(vec![Grant { verb, queues }]))
         }
@@ -340,7 +339,8 @@ mod tests {
                 queues: vec!["a".into(), "b".into()]
             }]))
         );
-        assert!(parse_role("root").is_err_and(|e| e.contains("submit, cancel, watch, report")));
+        assert!(parse_role("root")
+            .is_err_and(|e| e.to_string().contains("submit, cancel, watch, report")));
         assert!(tenant_token("viewer")
             .must_be_admin("draining a site")
             .is_err());

@@ -22,6 +22,9 @@ pub enum CoreError {
     /// A job names a priority class the tenancy does not have.
     #[error("unknown priority class {class:?}; classes: {known}")]
     UnknownPriority { class: String, known: String },
+    /// A token's role that is not one.
+    #[error("{role:?} is not a role: admin, viewer, or submit, cancel, watch, report (each optionally :QUEUE,QUEUE)")]
+    UnknownRole { role: String },
 }
 
 /// A configuration error saying `problem`.

@@ -34,7 +34,7 @@ impl Class {
     }
 
     /// Reads `KIND:MODEL` or `KIND:*` as a tenancy file writes it.
-    pub fn parse(s: &str) -> Result<Class, String> {
+    fn parse(s: &str) -> Result<Class, String> {
         let (kind, model) = s
             .split_once(':')
             .ok_or_else(|| format!("class {s:?}: expected KIND:MODEL or KIND:*"))?;

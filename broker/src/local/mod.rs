@@ -362,20 +362,6 @@ impl LocalFederation {
         lines
     }
 
-    /// Adds an identity to the running federation (the servers reload); returns its access.
-    pub fn add_identity(
-        &mut self,
-        kind: crate::creds::Kind,
-        name: &str,
-    ) -> anyhow::Result<meridian_federation::access::Access> {
-        let Some(s) = &self.security else {
-            bail!("an insecure federation has no identities");
-        };
-        crate::creds::Registry::open(&s.creds)?.add(kind, name)?;
-        self.nats.reload()?;
-        Ok(self.access_as(name))
-    }
-
     /// Revokes an identity: the servers reload, and its connections are closed.
     pub fn revoke_identity(&mut self, name: &str) -> anyhow::Result<()> {
         let Some(s) = &self.security else {

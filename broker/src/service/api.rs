@@ -111,7 +111,13 @@ fn unavailable() -> Reply {
 }
 
 fn job_id(s: &str) -> Result<JobId, Reply> {
-    JobId::new(s).map_err(|p| error(ErrorBody::new(ErrorCode::Invalid, Some("job".into()), p)))
+    JobId::new(s).map_err(|p| {
+        error(ErrorBody::new(
+            ErrorCode::Invalid,
+            Some("job".into()),
+            p.to_string(),
+        ))
+    })
 }
 
 /// Carries out one call for the caller a bearer token names: authenticated, rate-limited, then judged by
@@ -282,7 +288,11 @@ async fn call_as(h: &BrokerHandle, who: &Principal, c: Call) -> Reply {
                 return denied(d);
             }
             if let Err(why) = h.quarantine(who, seq).await {
-                return error(ErrorBody::new(ErrorCode::Conflict, Some("seq".into()), why));
+                return error(ErrorBody::new(
+                    ErrorCode::Conflict,
+                    Some("seq".into()),
+                    format!("{why:#}"),
+                ));
             }
             format_view(h).await
         }
@@ -394,7 +404,13 @@ async fn call_as(h: &BrokerHandle, who: &Principal, c: Call) -> Reply {
         Call::Drain(site, drain) => {
             let site = match SiteId::new(site) {
                 Ok(s) => s,
-                Err(p) => return error(ErrorBody::new(ErrorCode::Invalid, Some("site".into()), p)),
+                Err(p) => {
+                    return error(ErrorBody::new(
+                        ErrorCode::Invalid,
+                        Some("site".into()),
+                        p.to_string(),
+                    ))
+                }
             };
             let event = Event::Drain {
                 site: site.clone(),
@@ -444,7 +460,13 @@ async fn call_as(h: &BrokerHandle, who: &Principal, c: Call) -> Reply {
         Call::SiteRevoke(site, restore) => {
             let site = match SiteId::new(site) {
                 Ok(s) => s,
-                Err(p) => return error(ErrorBody::new(ErrorCode::Invalid, Some("site".into()), p)),
+                Err(p) => {
+                    return error(ErrorBody::new(
+                        ErrorCode::Invalid,
+                        Some("site".into()),
+                        p.to_string(),
+                    ))
+                }
             };
             let event = if restore {
                 Event::SiteRestored { site }
@@ -516,7 +538,7 @@ async fn create_token(
         match parse_role(r) {
             Ok(Role::Admin) => admin = true,
             Ok(Role::Grants(g)) => grants.extend(g),
-            Err(e) => return bad("roles", e),
+            Err(e) => return bad("roles", e.to_string()),
         }
     }
     if admin && req.tenant.is_some() {

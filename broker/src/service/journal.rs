@@ -49,12 +49,12 @@ pub struct Recovered {
 struct Stuck {
     seq: u64,
     reason: String,
-    rest: Vec<(u64, Result<Batch, String>)>,
+    rest: Vec<(u64, Result<Batch, durable::FormatError>)>,
 }
 
 /// Orders what was read into the batches to replay and the first unreadable message not set aside (with what
 /// follows it). Messages named by a quarantine marker anywhere in `read` are skipped.
-fn settle(read: Vec<(u64, Result<Batch, String>)>) -> (Vec<Batch>, Option<Stuck>) {
+fn settle(read: Vec<(u64, Result<Batch, durable::FormatError>)>) -> (Vec<Batch>, Option<Stuck>) {
     let set_aside: BTreeSet<u64> = read
         .iter()
         .filter_map(|(_, r)| r.as_ref().ok())
@@ -67,10 +67,10 @@ fn settle(read: Vec<(u64, Result<Batch, String>)>) -> (Vec<Batch>, Option<Stuck>
             (Some(s), r) => s.rest.push((seq, r)),
             (None, Ok(b)) => batches.push(b),
             (None, Err(_)) if set_aside.contains(&seq) => {}
-            (None, Err(reason)) => {
+            (None, Err(e)) => {
                 stuck = Some(Stuck {
                     seq,
-                    reason,
+                    reason: e.to_string(),
                     rest: Vec::new(),
                 })
             }
@@ -246,7 +246,7 @@ impl JetStreamJournal {
     async fn read_after(
         &self,
         from: u64,
-    ) -> anyhow::Result<(Vec<(u64, Result<Batch, String>)>, u64)> {
+    ) -> anyhow::Result<(Vec<(u64, Result<Batch, durable::FormatError>)>, u64)> {
         let mut stream = self.stream.clone();
         let info = stream.info().await.context("reading the journal's state")?;
         let end = info.state.last_sequence;
@@ -280,7 +280,7 @@ impl JetStreamJournal {
                 Err(e @ durable::FormatError::Newer { .. }) => {
                     return Err(anyhow::Error::new(e).context(format!("journal message {seq}")))
                 }
-                Err(e) => Err(e.to_string()),
+                Err(e) => Err(e),
             };
             out.push((seq, batch));
             last = seq;
@@ -477,7 +477,7 @@ async fn upload_snapshots(
 mod tests {
     use super::*;
 
-    fn batch(n: u64, quarantine: Vec<u64>) -> Result<Batch, String> {
+    fn batch(n: u64, quarantine: Vec<u64>) -> Result<Batch, durable::FormatError> {
         Ok(Batch {
             format: durable::FORMAT_VERSION,
             leader: "b".into(),
@@ -495,15 +495,21 @@ mod tests {
     fn an_unreadable_message_stops_replay_and_keeps_what_follows() {
         let read = vec![
             (1, batch(1, vec![])),
-            (2, Err("garbage".into())),
+            (2, Err(durable::FormatError::Unreadable("garbage".into()))),
             (3, batch(3, vec![])),
-            (4, Err("more garbage".into())),
+            (
+                4,
+                Err(durable::FormatError::Unreadable("more garbage".into())),
+            ),
             (5, batch(5, vec![])),
         ];
         let (batches, stuck) = settle(read);
         assert_eq!(ns(&batches), vec![1]);
         let stuck = stuck.expect("message 2 is unreadable");
-        assert_eq!((stuck.seq, stuck.reason.as_str()), (2, "garbage"));
+        assert_eq!(
+            (stuck.seq, stuck.reason.as_str()),
+            (2, "unreadable: garbage")
+        );
         // Set aside, message 2 lets 3 through and stops again at 4.
         let (batches, stuck) = settle(stuck.rest);
         assert_eq!(ns(&batches), vec![3]);
@@ -514,10 +520,13 @@ mod tests {
     fn a_quarantine_marker_skips_the_message_it_names_at_every_replay() {
         let read = vec![
             (1, batch(1, vec![])),
-            (2, Err("garbage".into())),
+            (2, Err(durable::FormatError::Unreadable("garbage".into()))),
             (3, batch(3, vec![])),
             (4, batch(4, vec![2])),
-            (5, Err("later garbage".into())),
+            (
+                5,
+                Err(durable::FormatError::Unreadable("later garbage".into())),
+            ),
         ];
         let (batches, stuck) = settle(read);
         assert_eq!(ns(&batches), vec![1, 3, 4]);

@@ -172,7 +172,7 @@ enum Input {
     Quarantine {
         seq: u64,
         who: Principal,
-        reply: oneshot::Sender<Result<(), String>>,
+        reply: oneshot::Sender<anyhow::Result<()>>,
     },
 }
 
@@ -214,7 +214,7 @@ impl BrokerHandle {
 
     /// Sets aside the unreadable journal message `seq` (the caller is an administrator), so the broker replays
     /// what follows and takes changes again.
-    pub async fn quarantine(&self, who: &Principal, seq: u64) -> Result<(), String> {
+    pub async fn quarantine(&self, who: &Principal, seq: u64) -> anyhow::Result<()> {
         let (tx, rx) = oneshot::channel();
         let _ = self.tx.send(Input::Quarantine {
             seq,
@@ -222,7 +222,7 @@ impl BrokerHandle {
             reply: tx,
         });
         rx.await
-            .unwrap_or_else(|_| Err("broker is stopping".into()))
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("broker is stopping")))
     }
 
     pub async fn query(&self, q: Query) -> Option<Answer> {
@@ -926,7 +926,7 @@ async fn quarantine(
     handle: &BrokerHandle,
     seq: u64,
     who: &Principal,
-    reply: oneshot::Sender<Result<(), String>>,
+    reply: oneshot::Sender<anyhow::Result<()>>,
 ) {
     let now = now_ms();
     match set_aside(reactor, journal, seq).await {
@@ -943,11 +943,10 @@ async fn quarantine(
             let _ = reply.send(Ok(()));
         }
         Err(e) => {
-            let why = format!("{e:#}");
             handle
                 .audit
-                .refused(now, &who.id, "journal_quarantine", &why);
-            let _ = reply.send(Err(why));
+                .refused(now, &who.id, "journal_quarantine", &format!("{e:#}"));
+            let _ = reply.send(Err(e));
         }
     }
 }

@@ -130,7 +130,7 @@ impl SimFederation {
                 .map_err(anyhow::Error::msg)?;
             sites.push(SimSite {
                 id: file.id.clone(),
-                pools: file.pools().map_err(anyhow::Error::msg)?,
+                pools: file.pools()?,
                 series,
                 base: base_info,
                 file,

@@ -33,19 +33,28 @@ pub struct Trace {
     pub cpu_only: usize,
 }
 
+/// Why a trace cannot be read: the header, or a row (numbered as a spreadsheet would, the header being 1).
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    #[error("header: {0}")]
+    Header(String),
+    #[error("row {line}: {problem}")]
+    Row { line: usize, problem: String },
+}
+
 /// Parses an Alibaba v2023 pod list (`name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,
 /// creation_time,deletion_time,scheduled_time`). Errors name the row.
-pub fn parse_alibaba(text: &str) -> Result<Trace, String> {
+pub fn parse_alibaba(text: &str) -> Result<Trace, TraceError> {
     let mut reader = csv::Reader::from_reader(text.as_bytes());
     let headers = reader
         .headers()
-        .map_err(|e| format!("header: {e}"))?
+        .map_err(|e| TraceError::Header(e.to_string()))?
         .clone();
     let col = |name: &str| {
         headers
             .iter()
             .position(|h| h == name)
-            .ok_or_else(|| format!("header: no column {name}"))
+            .ok_or_else(|| TraceError::Header(format!("no column {name}")))
     };
     let (c_name, c_gpu, c_milli, c_spec, c_qos, c_created, c_deleted, c_sched) = (
         col("name")?,
@@ -60,12 +69,16 @@ pub fn parse_alibaba(text: &str) -> Result<Trace, String> {
     let mut trace = Trace::default();
     for (i, row) in reader.records().enumerate() {
         let line = i + 2;
-        let row = row.map_err(|e| format!("row {line}: {e}"))?;
+        let row = row.map_err(|e| TraceError::Row {
+            line,
+            problem: e.to_string(),
+        })?;
         let get = |c: usize| row.get(c).unwrap_or("").trim();
-        let num = |c: usize, what: &str| -> Result<u64, String> {
-            get(c)
-                .parse::<u64>()
-                .map_err(|e| format!("row {line}: {what} {:?}: {e}", get(c)))
+        let num = |c: usize, what: &str| -> Result<u64, TraceError> {
+            get(c).parse::<u64>().map_err(|e| TraceError::Row {
+                line,
+                problem: format!("{what} {:?}: {e}", get(c)),
+            })
         };
         let gpus = num(c_gpu, "num_gpu")? as u32;
         if gpus == 0 {
@@ -260,7 +273,9 @@ mod tests {
         assert_eq!(t.tasks[0].duration_s, 90);
         assert_eq!(t.tasks[1].milli, Some(460));
         assert_eq!(t.tasks[1].models, vec!["V100M16", "V100M32"]);
-        let err = parse_alibaba(&text.replace("p0,1,1,1,", "p0,1,1,x,")).expect_err("bad count");
+        let err = parse_alibaba(&text.replace("p0,1,1,1,", "p0,1,1,x,"))
+            .expect_err("bad count")
+            .to_string();
         assert!(err.contains("row 2"), "{err}");
     }
 

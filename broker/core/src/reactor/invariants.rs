@@ -5,9 +5,18 @@ use crate::journal::Journal;
 use meridian_federation::{JobId, JobPhase, SiteId};
 use std::collections::{BTreeMap, BTreeSet};
 
+/// A broken invariant of broker state, in words. Never the fault of an input: a bug in the reactor.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Violation(pub String);
+
 impl<J: Journal> Reactor<J> {
     /// Checks the invariants of broker state; returns the first one broken. Tests call it after every step.
-    pub fn sanity_check(&self) -> Result<(), String> {
+    pub fn sanity_check(&self) -> Result<(), Violation> {
+        self.check_state().map_err(Violation)
+    }
+
+    fn check_state(&self) -> Result<(), String> {
         let mut reserved: BTreeMap<(SiteId, meridian_federation::PoolName, u32), u32> =
             BTreeMap::new();
         for job in self.state.jobs.values() {
@@ -208,14 +217,14 @@ impl<J: Journal> Reactor<J> {
 
     /// Checks a step against quota: no job that did not hold devices before the step (`before`, from
     /// [`Self::holders`]) holds them under a limit that stands exceeded after it. Tests call it around every step.
-    pub fn check_quota_step(&self, before: &BTreeSet<JobId>) -> Result<(), String> {
+    pub fn check_quota_step(&self, before: &BTreeSet<JobId>) -> Result<(), Violation> {
         for l in self.quota_limits() {
             if l.used > l.limit {
                 if let Some(new) = l.jobs.iter().find(|j| !before.contains(*j)) {
-                    return Err(format!(
+                    return Err(Violation(format!(
                         "{new} was admitted into {}, which holds {} milli, over its limit {}",
                         l.what, l.used, l.limit
-                    ));
+                    )));
                 }
             }
         }

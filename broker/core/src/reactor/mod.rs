@@ -14,7 +14,7 @@ mod tenancy;
 mod waiting;
 
 pub use events::{Command, Event, Response, StepError};
-pub use invariants::QuotaLimit;
+pub use invariants::{QuotaLimit, Violation};
 pub use state::State;
 
 /// The first durable format in which decisions made from liveness are journaled (see [`Event::SiteLost`]).
