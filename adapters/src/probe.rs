@@ -38,6 +38,46 @@ pub trait DeviceProbe {
 #[derive(Debug, Default)]
 pub struct NvmlProbe;
 
+/// What NVML reads of one device now.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeviceSample {
+    /// NVML's device index (the pool's device index for probed pools).
+    pub index: u32,
+    /// Busy fraction over NVML's last sample period (0..=1).
+    pub utilization: Option<f64>,
+    /// Power draw, watts.
+    pub power_watts: Option<f64>,
+}
+
+impl NvmlProbe {
+    /// Reads utilization and power of every NVIDIA device now; fails like `probe` where NVML is absent. A
+    /// reading a device does not support is left out.
+    pub fn sample(&self) -> Result<Vec<DeviceSample>, AdapterError> {
+        use nvml_wrapper::Nvml;
+        let nvml = Nvml::init().map_err(|e| AdapterError::ProbeUnavailable {
+            probe: "nvml",
+            reason: e.to_string(),
+        })?;
+        let count = nvml.device_count().map_err(|e| AdapterError::ProbeFailed {
+            probe: "nvml",
+            reason: e.to_string(),
+        })?;
+        Ok((0..count)
+            .filter_map(|index| {
+                let d = nvml.device_by_index(index).ok()?;
+                Some(DeviceSample {
+                    index,
+                    utilization: d
+                        .utilization_rates()
+                        .ok()
+                        .map(|u| (f64::from(u.gpu) / 100.0).clamp(0.0, 1.0)),
+                    power_watts: d.power_usage().ok().map(|mw| f64::from(mw) / 1000.0),
+                })
+            })
+            .collect())
+    }
+}
+
 impl DeviceProbe for NvmlProbe {
     fn name(&self) -> &'static str {
         "nvml"

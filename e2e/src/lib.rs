@@ -90,6 +90,7 @@ price_usd_per_hour = {}
 
 [agent]
 readopt_ms = {}
+metrics_ms = 1000
 "#,
         s.id, s.tier, s.lat, s.lon, s.carbon, s.model, s.count, s.price, s.readopt_ms
     )

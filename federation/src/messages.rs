@@ -239,6 +239,32 @@ pub struct Heartbeat {
     pub inventory: Option<Inventory>,
 }
 
+/// What an agent measures of its devices, sent periodically on `meridian.v1.site.<S>.metrics`: the broker
+/// re-exports it on its own `/metrics` with a `site` label, so no site needs a listener of its own.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SiteMetrics {
+    #[serde(default = "v1")]
+    pub v: u32,
+    pub site: SiteId,
+    pub sent_at_ms: u64,
+    pub devices: Vec<DeviceMetrics>,
+}
+
+/// One device as its agent sees it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DeviceMetrics {
+    pub pool: PoolName,
+    pub index: u32,
+    /// Milli-units of the device the agent has given to jobs (0..=1000).
+    pub allocated_milli: u32,
+    /// Busy fraction (0..=1) as NVML reads it, where it does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub utilization: Option<f64>,
+    /// Power draw, watts, as NVML reads it, where it does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power_watts: Option<f64>,
+}
+
 /// Where an agent's set of attempts stands: `epoch` counts the agent's starts (kept on disk), `seq` the changes
 /// of the set since. Marks compare in that order, so a later mark saw every change an earlier one did.
 #[derive(

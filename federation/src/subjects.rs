@@ -27,10 +27,12 @@ pub enum SiteTopic {
     Logs,
     /// Broker → agent, request: [`crate::InventoryRequest`], answered with the full [`crate::Inventory`].
     Inventory,
+    /// Agent → broker: [`crate::SiteMetrics`].
+    Metrics,
 }
 
 impl SiteTopic {
-    pub const ALL: [SiteTopic; 7] = [
+    pub const ALL: [SiteTopic; 8] = [
         SiteTopic::Advert,
         SiteTopic::Heartbeat,
         SiteTopic::Status,
@@ -38,6 +40,7 @@ impl SiteTopic {
         SiteTopic::Cancel,
         SiteTopic::Logs,
         SiteTopic::Inventory,
+        SiteTopic::Metrics,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -49,6 +52,7 @@ impl SiteTopic {
             SiteTopic::Cancel => "cancel",
             SiteTopic::Logs => "logs",
             SiteTopic::Inventory => "inventory",
+            SiteTopic::Metrics => "metrics",
         }
     }
 }

@@ -205,6 +205,36 @@ impl Validate for Heartbeat {
     }
 }
 
+impl Validate for SiteMetrics {
+    versioned!(SiteMetrics);
+
+    fn validate(&self) -> R {
+        count_limit(
+            "devices",
+            self.devices.len(),
+            MAX_POOLS * MAX_DEVICES_PER_POOL as usize,
+        )?;
+        for (i, d) in self.devices.iter().enumerate() {
+            let f = |x: &str| format!("devices[{i}].{x}");
+            token(&f("pool"), &d.pool)?;
+            range_u64(
+                &f("index"),
+                u64::from(d.index),
+                0,
+                u64::from(MAX_DEVICES_PER_POOL),
+            )?;
+            range_u64(&f("allocated_milli"), u64::from(d.allocated_milli), 0, 1000)?;
+            if let Some(u) = d.utilization {
+                range_f64(&f("utilization"), u, 0.0, 1.0)?;
+            }
+            if let Some(p) = d.power_watts {
+                range_f64(&f("power_watts"), p, 0.0, 100_000.0)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Validate for Inventory {
     fn version(&self) -> u32 {
         crate::WIRE_VERSION

@@ -109,6 +109,8 @@ pub struct AgentSettings {
     pub readopt_ms: u64,
     /// Ask NVML for NVIDIA GPUs at start (`auto`) or never (`off`).
     pub nvml: NvmlMode,
+    /// Period of the device metrics sent to the broker (`meridian.v1.site.<S>.metrics`), ms; 0 sends none.
+    pub metrics_ms: u64,
     /// Stop taking new work (running work finishes).
     pub draining: bool,
 }
@@ -133,6 +135,7 @@ impl Default for AgentSettings {
             grace_ms: 3000,
             readopt_ms: 8_000,
             nvml: NvmlMode::Auto,
+            metrics_ms: 15_000,
             draining: false,
         }
     }

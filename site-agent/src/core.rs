@@ -76,6 +76,39 @@ impl AgentCore {
     }
 
     /// Attempts holding devices here.
+    /// What the agent reports of its devices: the share of each it has given to jobs, and, for NVIDIA devices,
+    /// what NVML read (`samples`, by NVML index).
+    pub fn metrics(
+        &self,
+        now_ms: u64,
+        samples: &[meridian_adapters::probe::DeviceSample],
+    ) -> meridian_federation::SiteMetrics {
+        let devices = self
+            .pools
+            .iter()
+            .flat_map(|p| {
+                p.devices.iter().map(move |d| {
+                    let sample = (p.vendor == "nvidia")
+                        .then(|| samples.iter().find(|s| s.index == d.index))
+                        .flatten();
+                    meridian_federation::DeviceMetrics {
+                        pool: p.name.clone(),
+                        index: d.index,
+                        allocated_milli: d.used_milli.min(1000),
+                        utilization: sample.and_then(|s| s.utilization),
+                        power_watts: sample.and_then(|s| s.power_watts),
+                    }
+                })
+            })
+            .collect();
+        meridian_federation::SiteMetrics {
+            v: WIRE_VERSION,
+            site: self.info.id.clone(),
+            sent_at_ms: now_ms,
+            devices,
+        }
+    }
+
     pub fn running(&self) -> Vec<AttemptRef> {
         self.attempts
             .iter()

@@ -235,6 +235,13 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
         site.agent.advert_interval_ms.max(100),
     ));
     let mut reap = tokio::time::interval(Duration::from_millis(100));
+    // Metrics off: an interval that never comes due in practice.
+    let mut metrics = tokio::time::interval(Duration::from_millis(if site.agent.metrics_ms == 0 {
+        u64::from(u32::MAX)
+    } else {
+        site.agent.metrics_ms.max(100)
+    }));
+    let nvml = site.agent.nvml == NvmlMode::Auto;
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     loop {
         tokio::select! {
@@ -257,6 +264,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
                 agent.publish_heartbeat().await
             }
             _ = advert.tick() => agent.publish_advert().await,
+            _ = metrics.tick(), if site.agent.metrics_ms > 0 => agent.publish_metrics(nvml).await,
             _ = reap.tick() => {
                 agent.reap_finished().await;
                 if agent.advert_due {
@@ -437,6 +445,17 @@ impl Agent {
             inventory: Some(self.inventory(false)),
         };
         self.publish(subjects::site(&h.site, SiteTopic::Heartbeat), encode(&h))
+            .await;
+    }
+
+    async fn publish_metrics(&self, nvml: bool) {
+        let samples = if nvml {
+            NvmlProbe.sample().unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        let m = self.core.metrics(now_ms(), &samples);
+        self.publish(subjects::site(&m.site, SiteTopic::Metrics), encode(&m))
             .await;
     }
 

@@ -13,6 +13,7 @@ pub mod latency;
 pub mod ledger;
 pub mod metering;
 pub mod model;
+pub mod observe;
 pub mod placement;
 pub mod quota;
 pub mod reactor;

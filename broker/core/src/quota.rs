@@ -352,6 +352,8 @@ pub enum Admission {
     Preempt {
         victims: Vec<JobId>,
         reason: String,
+        /// Whether any of it reclaims quota lent to the cohort (else: priority within the queue).
+        reclaim: bool,
     },
     /// Wait: which quota holds it, in words.
     Wait(String),
@@ -379,6 +381,7 @@ pub fn admit(
     let cohort = tenancy.cohort(queue);
     let mut victims: BTreeSet<JobId> = BTreeSet::new();
     let mut reasons = Vec::new();
+    let mut reclaim = false;
     for (class, &d) in demand {
         if !cohort.iter().any(|q| q.nominal.contains_key(class)) {
             continue; // nobody limits this class
@@ -427,7 +430,8 @@ pub fn admit(
             continue; // within the cohort's quota (borrowing what others leave idle, if need be)
         }
         let short = total_used + d - total_nominal;
-        let chosen = if own + d <= nominal {
+        let reclaiming = own + d <= nominal;
+        let chosen = if reclaiming {
             // Within its own quota: take back what it lent.
             let excess: BTreeMap<&str, u64> = cohort
                 .iter()
@@ -477,6 +481,7 @@ pub fn admit(
             Some((v, why)) => {
                 victims.extend(v);
                 reasons.push(why);
+                reclaim |= reclaiming;
             }
             None => {
                 let cohort = match &queue.cohort {
@@ -503,6 +508,7 @@ pub fn admit(
         Admission::Preempt {
             victims: victims.into_iter().collect(),
             reason: reasons.join("; "),
+            reclaim,
         }
     }
 }

@@ -38,6 +38,7 @@ pub fn permissions(kind: Kind, name: &str, brokers: &[&str]) -> Permissions {
                     s(SiteTopic::Advert),
                     s(SiteTopic::Heartbeat),
                     s(SiteTopic::Status),
+                    s(SiteTopic::Metrics),
                 ]
                 .into_iter()
                 .chain(brokers.iter().map(|b| format!("{}.>", inbox_prefix(b))))

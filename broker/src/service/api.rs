@@ -42,6 +42,8 @@ pub enum Call {
     /// Revoke a site, or (`true`) let it back in.
     SiteRevoke(String, bool),
     Audit(Bytes),
+    /// The metrics, in the OpenMetrics text format (the body of the reply is that text, not JSON).
+    Metrics,
 }
 
 impl Call {
@@ -66,6 +68,7 @@ impl Call {
             Call::TokenRevoke(_) => "token_revoke",
             Call::SiteRevoke(..) => "site_revoke",
             Call::Audit(_) => "audit",
+            Call::Metrics => "metrics",
         }
     }
 }
@@ -476,6 +479,17 @@ async fn call_as(h: &BrokerHandle, who: &Principal, c: Call) -> Reply {
             match h.step_as(who, event).await {
                 Ok(_) => ok(200, Empty { v: WIRE_VERSION }),
                 Err(e) => step_error(e),
+            }
+        }
+        Call::Metrics => {
+            if let Err(d) = who.must_be_admin("reading the metrics") {
+                return denied(d);
+            }
+            match h.query(Query::Gauges).await {
+                Some(Answer::Gauges(g)) => {
+                    (200, h.metrics.render(&g, super::now_ms()).into_bytes())
+                }
+                _ => unavailable(),
             }
         }
         Call::Audit(body) => {

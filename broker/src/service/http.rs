@@ -69,6 +69,7 @@ pub fn router(h: BrokerHandle) -> Router {
         .route("/v1/admin/sites/{id}/revoke", post(revoke_site))
         .route("/v1/admin/sites/{id}/restore", post(restore_site))
         .route("/v1/admin/audit", get(audit))
+        .route("/metrics", get(metrics))
         .fallback(no_route)
         .layer(DefaultBodyLimit::max(
             meridian_federation::MAX_MESSAGE_BYTES + 1,
@@ -162,6 +163,21 @@ fn bearer(headers: &HeaderMap) -> Option<String> {
         .ok()?
         .strip_prefix("Bearer ")
         .map(str::to_owned)
+}
+
+/// `GET /metrics`: the OpenMetrics text Prometheus scrapes, for an administrator's token (errors in JSON).
+async fn metrics(State(h): State<BrokerHandle>, headers: HeaderMap) -> Response {
+    match call(&h, bearer(&headers).as_deref(), Call::Metrics).await {
+        (200, text) => (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        refused => respond(refused),
+    }
 }
 
 /// Carries out a call for the caller the request's token names.

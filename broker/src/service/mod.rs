@@ -10,6 +10,7 @@ pub mod authz;
 pub mod http;
 pub mod journal;
 pub mod lease;
+pub mod metrics;
 
 use anyhow::Context;
 use bytes::Bytes;
@@ -143,6 +144,8 @@ pub enum Query {
     Format,
     /// The API tokens.
     Tokens,
+    /// The gauges `/metrics` shows.
+    Gauges,
 }
 
 #[derive(Debug)]
@@ -157,6 +160,7 @@ pub enum Answer {
     /// The format in force, and the journal message that keeps the broker read-only (sequence, reason).
     Format(u32, Option<(u64, String)>),
     Tokens(Vec<meridian_core::access::TokenRecord>),
+    Gauges(meridian_core::observe::Gauges),
 }
 
 enum Input {
@@ -187,6 +191,8 @@ pub struct BrokerHandle {
     pub auth: std::sync::Arc<auth::Auth>,
     /// The audit trail.
     pub audit: audit::Audit,
+    /// What `/metrics` shows.
+    pub metrics: std::sync::Arc<metrics::Metrics>,
 }
 
 impl BrokerHandle {
@@ -458,6 +464,8 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
         load_ms + taking_over.elapsed().as_millis()
     );
 
+    // From here on, what steps do is counted for the metrics (replay above counted nothing).
+    reactor.observe();
     let (tx, rx) = mpsc::unbounded_channel();
     let archive = patiently("the archive", || {
         archive::Archive::open(client.clone(), cfg.replicas)
@@ -487,6 +495,7 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
         client: client.clone(),
         auth: std::sync::Arc::new(auth),
         audit,
+        metrics: std::sync::Arc::new(metrics::Metrics::new()),
     };
     let reactor_task = tokio::spawn(reactor_loop(
         reactor,
@@ -504,6 +513,7 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
     spawn_site_listener(&handle, SiteTopic::Advert).await?;
     spawn_site_listener(&handle, SiteTopic::Heartbeat).await?;
     spawn_site_listener(&handle, SiteTopic::Status).await?;
+    spawn_site_listener(&handle, SiteTopic::Metrics).await?;
     let api_sub = client.subscribe(subjects::api::ALL).await?;
     tokio::spawn(api::serve_nats(handle.clone(), api_sub));
 
@@ -639,6 +649,23 @@ async fn spawn_site_listener(handle: &BrokerHandle, topic: SiteTopic) -> anyhow:
                     ));
                     if let Ok(body) = encode(&body) {
                         let _ = h.client.publish(reply, Bytes::from(body)).await;
+                    }
+                }
+                continue;
+            }
+            if topic == SiteTopic::Metrics {
+                match decode::<meridian_federation::SiteMetrics>(&m.payload)
+                    .and_then(|r| same_site(&site, &r.site).map(|()| r))
+                {
+                    Ok(r) => h.metrics.agent_report(r, now_ms()),
+                    Err(err) => {
+                        tracing::warn!("dropped a bad metrics message from site {site}: {err}");
+                        h.audit.refused(
+                            now_ms(),
+                            &format!("site:{site}"),
+                            "metrics",
+                            &err.to_string(),
+                        );
                     }
                 }
                 continue;
@@ -813,6 +840,7 @@ async fn reactor_loop(
                     reply,
                 } => {
                     let tick = matches!(event, Event::Tick);
+                    let stepping = std::time::Instant::now();
                     let r = step_audited(
                         &mut reactor,
                         &handle.audit,
@@ -821,6 +849,15 @@ async fn reactor_loop(
                         event,
                         caller,
                     );
+                    let seen = reactor.take_observations();
+                    let offers = seen
+                        .iter()
+                        .filter(|o| matches!(o, meridian_core::observe::Observation::Placed { .. }))
+                        .count();
+                    handle
+                        .metrics
+                        .placement_step(stepping.elapsed().as_secs_f64(), offers);
+                    handle.metrics.record(&seen);
                     match (&r, tick) {
                         (Err(e), true) => tracing::error!("tick failed: {e}"),
                         (Err(e), false) => tracing::debug!("step refused: {e}"),
@@ -844,6 +881,9 @@ async fn reactor_loop(
                 tracing::error!("stopping: {e}");
                 return Err(e.into());
             }
+            handle
+                .metrics
+                .journal_append(storing.elapsed().as_secs_f64());
             if storing.elapsed() > STALL {
                 // The broker could not act (JetStream was electing a leader, say): that time is not held
                 // against the sites, whose heartbeats waited unheard.
@@ -1139,6 +1179,7 @@ fn answer(
                 .map(|(seq, reason)| (seq, reason.to_owned())),
         ),
         Query::Tokens => Answer::Tokens(st.tokens().values().cloned().collect()),
+        Query::Gauges => Answer::Gauges(reactor.gauges()),
         Query::Tenancy => Answer::Tenancy(st.tenancy_toml().map(str::to_owned)),
         Query::Ledger => Answer::Ledger(
             st.jobs()

@@ -132,6 +132,9 @@ impl<J: Journal> Reactor<J> {
                 }
             }
             OfferOutcome::Rejected { reason } => {
+                self.saw(crate::observe::Observation::OfferFailed(
+                    crate::observe::OfferFailure::Refused,
+                ));
                 self.refuse(now, &id, &site, &format!("refused by {site}: {reason}"));
                 self.try_place(now, &id);
             }
@@ -302,6 +305,19 @@ impl<J: Journal> Reactor<J> {
                 })
             })
             .unwrap_or_default();
+        let metered = crate::observe::Observation::Metered {
+            tenant: job.spec.tenant.clone(),
+            tier: job
+                .assignment
+                .as_ref()
+                .filter(|a| a.site == run.site)
+                .map(|a| a.tier)
+                .or_else(|| self.state.sites.get(&run.site).map(|s| s.info.tier))
+                .unwrap_or(meridian_federation::Tier::Owned),
+            amounts,
+            device_ms: run.milli.saturating_mul(runtime) / 1000,
+        };
+        self.saw(metered);
         if let Some(job) = self.state.jobs.get_mut(id) {
             if let Some(run) = job.runs.iter_mut().find(|r| r.attempt == attempt) {
                 run.runtime_ms = runtime;
@@ -353,13 +369,26 @@ impl<J: Journal> Reactor<J> {
 
     /// Stops a job's attempt to make room for `by` and puts it back in the queue; it resumes from its last
     /// checkpoint when it runs again.
-    pub(super) fn preempt(&mut self, now: Millis, victim: &JobId, by: &JobId, reason: &str) {
+    pub(super) fn preempt(
+        &mut self,
+        now: Millis,
+        victim: &JobId,
+        by: &JobId,
+        reason: &str,
+        reclaim: bool,
+    ) {
         let Some(job) = self.state.jobs.get(victim) else {
             return;
         };
         let Some(site) = job.assignment.as_ref().map(|a| a.site.clone()) else {
             return;
         };
+        let attempt = job.attempt;
+        self.saw(crate::observe::Observation::Preempted(if reclaim {
+            crate::observe::PreemptReason::QuotaReclaim
+        } else {
+            crate::observe::PreemptReason::Priority
+        }));
         let by_queue = self
             .state
             .jobs
@@ -372,7 +401,7 @@ impl<J: Journal> Reactor<J> {
             })
             .unwrap_or_default();
         let why = format!("preempted by {by} (queue {by_queue}): {reason}");
-        self.cancel_attempt(site, victim.clone(), job.attempt, why.clone());
+        self.cancel_attempt(site, victim.clone(), attempt, why.clone());
         self.requeue(now, victim, &why);
     }
 

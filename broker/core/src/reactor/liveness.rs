@@ -161,6 +161,9 @@ impl<J: Journal> Reactor<J> {
             }
             _ => return,
         };
+        self.saw(crate::observe::Observation::OfferFailed(
+            crate::observe::OfferFailure::TimedOut,
+        ));
         self.cancel_attempt(site.clone(), job.clone(), attempt, "offer timed out");
         self.refuse(now, job, &site, &format!("offer to {site} timed out"));
     }

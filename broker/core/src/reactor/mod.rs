@@ -80,6 +80,8 @@ pub struct Reactor<J: Journal> {
     outbox: Vec<Command>,
     /// Reservations released so far (not state: a scheduling pass reads it to notice capacity coming free).
     released: u64,
+    /// What steps did, for the shell's metrics; `None` until [`Reactor::observe`] (replay records nothing).
+    observations: Option<Vec<crate::observe::Observation>>,
 }
 
 impl<J: Journal> Reactor<J> {
@@ -98,6 +100,7 @@ impl<J: Journal> Reactor<J> {
             journal,
             outbox: Vec::new(),
             released: 0,
+            observations: None,
         }
     }
 
@@ -152,6 +155,34 @@ impl<J: Journal> Reactor<J> {
     /// Takes the messages produced by the steps so far.
     pub fn take_outbox(&mut self) -> Vec<Command> {
         std::mem::take(&mut self.outbox)
+    }
+
+    /// From now on, records what steps do for [`Reactor::take_observations`] (the broker's metrics).
+    pub fn observe(&mut self) {
+        self.observations.get_or_insert_with(Vec::new);
+    }
+
+    /// Takes what the steps did since the last call (nothing unless [`Reactor::observe`] was called).
+    pub fn take_observations(&mut self) -> Vec<crate::observe::Observation> {
+        self.observations
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    /// The gauges of the federation now: sites, devices, jobs, pending jobs by queue and reason.
+    pub fn gauges(&self) -> crate::observe::Gauges {
+        crate::observe::Gauges::read(
+            self.state.sites.values(),
+            self.state.active_jobs(),
+            &self.state.revoked_sites,
+        )
+    }
+
+    pub(crate) fn saw(&mut self, o: crate::observe::Observation) {
+        if let Some(v) = &mut self.observations {
+            v.push(o);
+        }
     }
 
     /// Applies one event at time `now`.

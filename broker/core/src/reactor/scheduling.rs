@@ -325,9 +325,13 @@ impl<J: Journal> Reactor<J> {
                 }
                 false
             }
-            crate::quota::Admission::Preempt { victims, reason } => {
+            crate::quota::Admission::Preempt {
+                victims,
+                reason,
+                reclaim,
+            } => {
                 for v in &victims {
-                    self.preempt(now, v, id, &reason);
+                    self.preempt(now, v, id, &reason, reclaim);
                 }
                 *quota = None;
                 true
@@ -372,9 +376,13 @@ impl<J: Journal> Reactor<J> {
                 crate::quota::Admission::Wait(why) => {
                     decision.outcome = Outcome::Wait(placement::Wait::Quota(why));
                 }
-                crate::quota::Admission::Preempt { victims, reason } => {
+                crate::quota::Admission::Preempt {
+                    victims,
+                    reason,
+                    reclaim,
+                } => {
                     for v in &victims {
-                        self.preempt(now, v, id, &reason);
+                        self.preempt(now, v, id, &reason, reclaim);
                     }
                 }
             }
@@ -570,12 +578,23 @@ impl<J: Journal> Reactor<J> {
             spec: job.spec.clone(),
             resume_from: job.checkpoint.clone(),
         };
+        let placed = crate::observe::Observation::Placed {
+            policy: decision
+                .policy
+                .split('=')
+                .next()
+                .unwrap_or_default()
+                .to_owned(),
+            tier: choice.tier,
+            waited_ms: now.saturating_sub(job.waiting_since_ms),
+        };
         job.decision = Some(Box::new(decision));
         if let Some(s) = self.state.sites.get_mut(&choice.site) {
             s.apply_reservation(&choice.pool, &choice.devices, true);
         }
         self.reindex(&choice.site);
         self.outbox.push(Command::Offer(offer));
+        self.saw(placed);
     }
 
     /// Why a job of `spec` would take its tenant over budget `b` (`None` if it fits): its expected spend is the

@@ -359,3 +359,46 @@ fn an_attempt_the_site_no_longer_has_is_ended_and_its_job_requeued() {
         .iter()
         .any(|o| o.job == id && o.attempt == 2));
 }
+
+#[test]
+fn observations_are_recorded_only_when_asked_and_say_what_the_steps_did() {
+    use crate::observe::{Observation, OfferFailure};
+    let mut env = TestEnv::new(trio());
+    env.submit(job("quiet", 1));
+    assert!(
+        env.reactor.take_observations().is_empty(),
+        "a reactor not asked to observe records nothing (replay, the simulator)"
+    );
+    env.reactor.observe();
+    env.now += 2_000;
+    let id = env.submit(job("k1", 2));
+    let first = env.take_offers().into_iter().find(|o| o.job == id).unwrap();
+    env.answer(
+        &first,
+        OfferOutcome::Rejected {
+            reason: "devices busy".into(),
+        },
+    );
+    let second = env.take_offers().remove(0);
+    env.answer(&second, OfferOutcome::Accepted);
+    env.status(&second, AttemptState::Succeeded { exit_code: 0 }, 3_600_000);
+    let seen = env.reactor.take_observations();
+    let placed: Vec<_> = seen
+        .iter()
+        .filter_map(|o| match o {
+            Observation::Placed { policy, .. } => Some(policy.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(placed, vec!["balanced", "balanced"], "{seen:?}");
+    assert!(seen.contains(&Observation::OfferFailed(OfferFailure::Refused)));
+    let metered = job_metered(&env, &id);
+    assert!(
+        seen.iter().any(
+            |o| matches!(o, Observation::Metered { amounts, device_ms, .. }
+            if *amounts == metered && *device_ms == 2 * 3_600_000)
+        ),
+        "{seen:?}"
+    );
+    assert!(env.reactor.take_observations().is_empty(), "taken once");
+}
