@@ -74,7 +74,11 @@ fn the_broker_exports_placements_waits_spend_and_agent_device_metrics() {
     assert!(value(&text, r#"meridian_tenant_cost_usd_total{tenant="e2e"}"#) > Some(0.0));
     // A one-second run is well under a gram and a watt-hour (integers): the series are there, at zero.
     assert!(value(&text, r#"meridian_tenant_co2e_grams_total{tenant="e2e"}"#).is_some());
-    assert!(value(&text, r#"meridian_tenant_energy_joules_total{tenant="e2e"}"#).is_some());
+    assert!(value(
+        &text,
+        r#"meridian_tenant_energy_joules_total{tenant="e2e"}"#
+    )
+    .is_some());
     assert!(value(&text, "meridian_journal_append_seconds_count") > Some(0.0));
     assert!(value(&text, "meridian_admission_wait_seconds_count") >= Some(1.0));
     assert_eq!(
