@@ -149,7 +149,7 @@ mod tests {
             .publish
             .iter()
             .partition(|s| s.starts_with("meridian.v1.site.edge-a."));
-        assert_eq!(own.len(), 3);
+        assert_eq!(own.len(), 4, "advert, heartbeat, status, metrics: {own:?}");
         assert!(!own.iter().any(|s| s.contains('>') || s.contains('*')));
         assert_eq!(answers, vec!["_INBOX.broker-1.>"]);
         assert!(p
