@@ -192,6 +192,13 @@ impl Client {
         self.call(api::LOGS, &job_ref(job)).await
     }
 
+    pub async fn timeline(
+        &self,
+        job: &JobId,
+    ) -> anyhow::Result<meridian_federation::TimelineView> {
+        self.call(api::TIMELINE, &job_ref(job)).await
+    }
+
     pub async fn scale_in(
         &self,
         tenant: &meridian_federation::TenantId,

@@ -1321,6 +1321,63 @@ pub struct PrunedView {
     pub sites: usize,
 }
 
+/// A job's life, oldest first (`GET /v1/jobs/{id}/timeline`, `meridian timeline JOB`): every change with its
+/// time, attempt and site; each attempt's placement, run time and metered amounts; the latest placement's top
+/// candidates; and the end of the latest attempt's log.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TimelineView {
+    pub job: JobId,
+    pub tenant: TenantId,
+    pub phase: JobPhase,
+    /// Why the job is where it is now.
+    pub why: String,
+    pub exit_code: Option<i32>,
+    pub events: Vec<TimelineEvent>,
+    pub attempts: Vec<AttemptView>,
+    /// The latest placement decision: its policy, when it was made, its best candidates (the chosen one first,
+    /// then the best scored, then the nearest misses).
+    pub policy: String,
+    pub decided_at_ms: Option<u64>,
+    pub candidates: Vec<CandidateView>,
+    /// The last lines of the latest attempt's log, as its site's agent has them.
+    #[serde(default)]
+    pub log_tail: Option<String>,
+    /// Why there is no log tail (no attempt started, or the site did not answer).
+    #[serde(default)]
+    pub log_error: Option<String>,
+}
+
+/// One change in a job's life.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TimelineEvent {
+    pub at_ms: u64,
+    /// `submitted`, `offered`, `started`, `ended`, `waiting`, `finished`, or `note` (refusals, requeues,
+    /// preemptions, cancels: what the broker noted, in words).
+    pub event: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub site: Option<SiteId>,
+    pub detail: String,
+}
+
+/// One attempt of a job: where it was placed and what it used.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AttemptView {
+    pub attempt: u32,
+    pub site: SiteId,
+    pub pool: PoolName,
+    pub model: ModelName,
+    /// Milli-devices held.
+    pub milli: u64,
+    pub offered_at_ms: u64,
+    pub started_at_ms: Option<u64>,
+    pub runtime_ms: u64,
+    /// Whether its end was metered (`amounts` then hold what it used).
+    pub metered: bool,
+    pub amounts: Amounts,
+}
+
 /// Why a job is placed where it is, or why it waits.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ExplainView {

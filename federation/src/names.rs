@@ -69,8 +69,9 @@ macro_rules! name_type {
         }
 
         impl fmt::Display for $name {
+            /// The text, padded as the format asks (`{:<8}` in a table).
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(&self.0)
+                f.pad(&self.0)
             }
         }
     };
@@ -111,6 +112,11 @@ mod tests {
         assert_eq!(serde_json::to_string(&p).unwrap(), "\"h100-sxm\"");
         let back: PoolName = serde_json::from_str("\"h100-sxm\"").unwrap();
         assert_eq!(back, p);
+    }
+
+    #[test]
+    fn names_pad_in_tables() {
+        assert_eq!(format!("[{:<6}]", PoolName::from("gpu")), "[gpu   ]");
     }
 
     #[test]

@@ -115,6 +115,8 @@ pub mod api {
     pub const CANCEL: &str = "meridian.v1.api.jobs.cancel";
     /// [`crate::JobRef`] → [`crate::LogsReply`].
     pub const LOGS: &str = "meridian.v1.api.jobs.logs";
+    /// [`crate::JobRef`] → [`crate::TimelineView`].
+    pub const TIMELINE: &str = "meridian.v1.api.jobs.timeline";
     /// [`crate::Empty`] → `Vec<`[`crate::SiteView`]`>`.
     pub const LIST_SITES: &str = "meridian.v1.api.sites.list";
     /// [`crate::DrainRequest`] → [`crate::SiteView`].

@@ -4,7 +4,8 @@ use super::latency::RttTable;
 use super::model::{Job, Site};
 use super::placement::{self, Decision, Terms};
 use meridian_federation::{
-    Amounts, CandidateView, ExplainView, JobView, PoolView, SiteView, TermsView,
+    AttemptView, Amounts, CandidateView, ExplainView, JobPhase, JobView, PoolView, SiteId,
+    SiteView, TermsView, TimelineEvent, TimelineView,
 };
 
 fn amounts(t: &Terms) -> Amounts {
@@ -177,6 +178,142 @@ pub fn explain_with(job: &Job, decision: Option<&Decision>) -> ExplainView {
         candidates,
         pruned,
         history: history(job),
+    }
+}
+
+/// How many candidates a timeline shows.
+pub const TIMELINE_CANDIDATES: usize = 5;
+
+/// A job's timeline (without the log tail, which the shell asks the site for): structured entries for its
+/// submission, each attempt's offer, start and end, its finish and its current wait, with the broker's notes
+/// (refusals, requeues, preemptions, cancels) between them, oldest first.
+pub fn timeline(job: &Job) -> TimelineView {
+    let ev = |at_ms: u64, event: &str, attempt: Option<u32>, site: Option<&SiteId>, detail: String| {
+        TimelineEvent {
+            at_ms,
+            event: event.to_owned(),
+            attempt,
+            site: site.cloned(),
+            detail,
+        }
+    };
+    let mut events = vec![ev(
+        job.submitted_ms,
+        "submitted",
+        None,
+        None,
+        format!(
+            "{} {} device(s) × {}",
+            job.spec.kind.as_str(),
+            job.spec.resources.kind.as_str(),
+            job.spec.replicas.max(1)
+        ),
+    )];
+    for r in &job.runs {
+        let a = Some(r.attempt);
+        events.push(ev(
+            r.offered_ms,
+            "offered",
+            a,
+            Some(&r.site),
+            format!(
+                "pool {} ({}), {:.3} device(s)",
+                r.pool,
+                r.model,
+                r.milli as f64 / 1000.0
+            ),
+        ));
+        if let Some(s) = r.started_ms {
+            events.push(ev(s, "started", a, Some(&r.site), String::new()));
+        }
+        if r.metered {
+            let from = r.started_ms.unwrap_or(r.offered_ms);
+            events.push(ev(
+                from + r.runtime_ms,
+                "ended",
+                a,
+                Some(&r.site),
+                format!(
+                    "ran {:.1} s: {:.4} USD, {} Wh, {} gCO2e",
+                    r.runtime_ms as f64 / 1000.0,
+                    r.amounts.cost_micro_usd as f64 / 1e6,
+                    r.amounts.energy_wh,
+                    r.amounts.co2_g
+                ),
+            ));
+        }
+    }
+    // The notes the runs already say (offers and acceptances) are left out; the others are kept as written.
+    let said = |what: &str| {
+        what == "submitted"
+            || what.starts_with("attempt ")
+                && (what.contains(" offered to ") || what.contains(" accepted by "))
+    };
+    for (t, what) in job.history.iter().filter(|(_, w)| !said(w)) {
+        events.push(ev(*t, "note", None, None, what.clone()));
+    }
+    if let (JobPhase::Pending, Some(d)) = (job.phase, job.decision.as_deref()) {
+        if matches!(d.outcome, placement::Outcome::Wait(_)) {
+            events.push(ev(d.at_ms, "waiting", None, None, job.why.clone()));
+        }
+    }
+    if let Some(f) = job.finished_ms {
+        let exit = job
+            .exit_code
+            .map(|c| format!(", exit code {c}"))
+            .unwrap_or_default();
+        events.push(ev(
+            f,
+            "finished",
+            Some(job.attempt).filter(|n| *n > 0),
+            job.runs.last().map(|r| &r.site),
+            format!("{}{exit}", job.phase.as_str()),
+        ));
+    }
+    events.sort_by_key(|e| e.at_ms);
+    let explain = explain_view(job);
+    let mut candidates = explain.candidates;
+    // The chosen first, then the scored by score, then the misses (kept in the decision's order).
+    candidates.sort_by(|a, b| {
+        let rank = |c: &CandidateView| match (&c.terms, c.chosen, &c.rejected) {
+            (_, true, _) => (0, 0.0),
+            (Some(t), _, None) => (1, t.score),
+            (Some(t), _, Some(_)) => (2, t.score),
+            (None, _, _) => (3, 0.0),
+        };
+        let (ra, sa) = rank(a);
+        let (rb, sb) = rank(b);
+        ra.cmp(&rb).then(sa.total_cmp(&sb))
+    });
+    candidates.truncate(TIMELINE_CANDIDATES);
+    TimelineView {
+        job: job.id.clone(),
+        tenant: job.spec.tenant.clone(),
+        phase: job.phase,
+        why: job.why.clone(),
+        exit_code: job.exit_code,
+        events,
+        attempts: job
+            .runs
+            .iter()
+            .map(|r| AttemptView {
+                attempt: r.attempt,
+                site: r.site.clone(),
+                pool: r.pool.clone(),
+                model: r.model.clone(),
+                milli: r.milli,
+                offered_at_ms: r.offered_ms,
+                started_at_ms: r.started_ms,
+                runtime_ms: r.runtime_ms,
+                metered: r.metered,
+                amounts: r.amounts,
+            })
+            .collect(),
+        policy: explain.policy,
+        decided_at_ms: explain.decided_at_ms,
+        candidates,
+        log_tail: None,
+        log_error: None,
     }
 }
 

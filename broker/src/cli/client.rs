@@ -58,6 +58,9 @@ pub enum ClientCmd {
     Cancel { job: JobId },
     /// Show the tail of a job's output.
     Logs { job: JobId },
+    /// Show a job's life: every change with its time, attempt and site, each attempt's run time and amounts,
+    /// the latest placement's best candidates, and the end of its log.
+    Timeline { job: JobId },
     /// Drain a site (no new work; running work finishes); `--undo` lifts the drain.
     Drain {
         site: SiteId,
@@ -208,6 +211,10 @@ pub async fn run(cmd: ClientCmd, connect: &ConnectArgs, out: Output) -> anyhow::
         ClientCmd::Logs { job } => {
             let l = client.logs(&job).await?;
             print(out, &l, |l| outln!("{}", l.text))
+        }
+        ClientCmd::Timeline { job } => {
+            let t = client.timeline(&job).await?;
+            print(out, &t, render::timeline)
         }
         ClientCmd::ScaleIn {
             service,

@@ -1,7 +1,7 @@
 //! Tables for the command line's output.
 
 use super::{outln, Output};
-use meridian_federation::{ExplainView, JobView, SiteView};
+use meridian_federation::{CandidateView, ExplainView, JobView, SiteView, TimelineView};
 use serde::Serialize;
 
 /// Prints `value` as JSON, or as a table drawn by `table`.
@@ -85,7 +85,92 @@ pub fn explain(e: &ExplainView) {
     outln!("policy {}", e.policy);
     if e.candidates.is_empty() {
         outln!("(no placement was tried: the reason above holds it first)");
-    } else {
+    }
+    candidates(&e.candidates);
+    for p in &e.pruned {
+        outln!(
+            "{:<18} pruned by the index: {}",
+            format!("({} sites)", p.sites),
+            p.reason
+        );
+    }
+    outln!("history:");
+    for h in &e.history {
+        outln!("  {h}");
+    }
+}
+
+/// A job's timeline: its events with their times (seconds after submission), its attempts, the latest
+/// placement's best candidates and the end of its log.
+pub fn timeline(t: &TimelineView) {
+    outln!("{} ({}) is {}: {}", t.job, t.tenant, t.phase.as_str(), t.why);
+    let start = t.events.first().map_or(0, |e| e.at_ms);
+    outln!(
+        "{:>9} {:<10} {:>3} {:<16}  DETAIL",
+        "T+ s",
+        "EVENT",
+        "ATT",
+        "SITE"
+    );
+    for e in &t.events {
+        outln!(
+            "{:>9.1} {:<10} {:>3} {:<16}  {}",
+            e.at_ms.saturating_sub(start) as f64 / 1000.0,
+            e.event,
+            e.attempt.map_or("-".to_owned(), |a| a.to_string()),
+            e.site.as_ref().map_or("-", |s| s.as_str()),
+            e.detail
+        );
+    }
+    if !t.attempts.is_empty() {
+        outln!("attempts:");
+        outln!(
+            "{:>3} {:<16} {:<8} {:<8} {:>7} {:>9} {:>9} {:>8} {:>8}",
+            "ATT",
+            "SITE",
+            "POOL",
+            "MODEL",
+            "DEVICES",
+            "RUN s",
+            "COST $",
+            "kWh",
+            "kgCO2"
+        );
+        for a in &t.attempts {
+            let metered = |x: String| if a.metered { x } else { "-".to_owned() };
+            outln!(
+                "{:>3} {:<16} {:<8} {:<8} {:>7.3} {:>9} {:>9} {:>8} {:>8}",
+                a.attempt,
+                a.site.as_str(),
+                a.pool,
+                a.model,
+                a.milli as f64 / 1000.0,
+                metered(format!("{:.1}", a.runtime_ms as f64 / 1000.0)),
+                metered(format!("{:.4}", a.amounts.cost_micro_usd as f64 / 1e6)),
+                metered(format!("{:.3}", a.amounts.energy_wh as f64 / 1000.0)),
+                metered(format!("{:.3}", a.amounts.co2_g as f64 / 1000.0)),
+            );
+        }
+    }
+    if !t.candidates.is_empty() {
+        outln!("latest placement (policy {}):", t.policy);
+        candidates(&t.candidates);
+    }
+    match (&t.log_tail, &t.log_error) {
+        (Some(log), _) => {
+            outln!("log (last lines):");
+            for l in log.lines() {
+                outln!("  {l}");
+            }
+        }
+        (None, Some(why)) => outln!("log: {why}"),
+        (None, None) => {}
+    }
+}
+
+/// The candidates of a placement as a table.
+fn candidates(list: &[CandidateView]) {
+    if !list.is_empty() {
         outln!(
             "{:<18} {:<8} {:<8} {:>9} {:>8} {:>8} {:>8} {:>8}  VERDICT",
             "SITE",
@@ -98,7 +183,7 @@ pub fn explain(e: &ExplainView) {
             "SCORE"
         );
     }
-    for c in &e.candidates {
+    for c in list {
         let (cost, kwh, co2, rtt, score) = match &c.terms {
             Some(t) => (
                 format!("{:.2}", t.cost_micro_usd as f64 / 1e6),
@@ -122,7 +207,7 @@ pub fn explain(e: &ExplainView) {
             "{:<18} {:<8} {:<8} {:>9} {:>8} {:>8} {:>8} {:>8}  {}",
             c.site.as_str(),
             c.tier.as_str(),
-            c.pool.clone().unwrap_or_else(|| "-".into()),
+            c.pool.as_ref().map_or("-", |p| p.as_str()),
             cost,
             kwh,
             co2,
@@ -130,17 +215,6 @@ pub fn explain(e: &ExplainView) {
             score,
             verdict
         );
-    }
-    for p in &e.pruned {
-        outln!(
-            "{:<18} pruned by the index: {}",
-            format!("({} sites)", p.sites),
-            p.reason
-        );
-    }
-    outln!("history:");
-    for h in &e.history {
-        outln!("  {h}");
     }
 }
 

@@ -24,6 +24,7 @@ pub enum Call {
     Explain(String),
     Cancel(String),
     Logs(String, u32),
+    Timeline(String),
     ListSites,
     Drain(String, bool),
     ScaleIn(Bytes),
@@ -56,6 +57,7 @@ impl Call {
             Call::Explain(_) => "explain",
             Call::Cancel(_) => "cancel",
             Call::Logs(..) => "logs",
+            Call::Timeline(_) => "timeline",
             Call::ListSites => "list_sites",
             Call::Drain(..) => "drain",
             Call::ScaleIn(_) => "scale_in",
@@ -376,7 +378,38 @@ async fn call_as(h: &BrokerHandle, who: &Principal, c: Call) -> Reply {
             if let Err(r) = watched_job(h, who, &id).await {
                 return r;
             }
-            logs(h, id, lines).await
+            match fetch_logs(h, id, lines).await {
+                Ok(r) => ok(200, r),
+                Err(r) => r,
+            }
+        }
+        Call::Timeline(id) => {
+            let id = match job_id(&id) {
+                Ok(id) => id,
+                Err(r) => return r,
+            };
+            if let Err(r) = watched_job(h, who, &id).await {
+                return r;
+            }
+            let mut t = match h.query(Query::Timeline(id.clone())).await {
+                Some(Answer::Timeline(Some(t))) => t,
+                Some(_) => match h.archive.job(&id).await {
+                    Ok(Some(a)) => meridian_core::views::timeline(&a.job),
+                    Ok(None) => return not_found(format!("job {id}")),
+                    Err(e) => return archive_unavailable(e),
+                },
+                None => return unavailable(),
+            };
+            match fetch_logs(h, id, TIMELINE_LOG_LINES).await {
+                Ok(r) => t.log_tail = Some(r.text),
+                Err((_, body)) => {
+                    t.log_error = decode::<ApiReply<()>>(&body)
+                        .ok()
+                        .and_then(|r| r.into_result().err())
+                        .map(|e| e.message);
+                }
+            }
+            ok(200, t)
         }
         Call::ListSites => match h.query(Query::Sites).await {
             Some(Answer::Sites(v)) => ok(200, v),
@@ -745,20 +778,23 @@ async fn list_jobs(
     ok(200, page)
 }
 
+/// Lines of the log a timeline shows.
+const TIMELINE_LOG_LINES: u32 = 20;
+
 /// Fetches a job's log tail from the agent of the site its latest attempt ran on.
-async fn logs(h: &BrokerHandle, id: JobId, lines: u32) -> Reply {
+async fn fetch_logs(h: &BrokerHandle, id: JobId, lines: u32) -> Result<LogsReply, Reply> {
     let Some(Answer::Placement(placement)) = h.query(Query::Placement(id.clone())).await else {
-        return unavailable();
+        return Err(unavailable());
     };
     let placement = match placement {
         Some(p) => Some(p),
         None => match h.archive.job(&id).await {
             Ok(a) => a.and_then(|a| Some((a.view.site?, a.view.attempt)).filter(|(_, n)| *n > 0)),
-            Err(e) => return archive_unavailable(e),
+            Err(e) => return Err(archive_unavailable(e)),
         },
     };
     let Some((site, attempt)) = placement else {
-        return not_found(format!("a started attempt of job {id}"));
+        return Err(not_found(format!("a started attempt of job {id}")));
     };
     let req = LogsRequest {
         v: WIRE_VERSION,
@@ -767,28 +803,28 @@ async fn logs(h: &BrokerHandle, id: JobId, lines: u32) -> Reply {
         lines: lines.clamp(1, 10_000),
     };
     let Ok(body) = encode(&req) else {
-        return unavailable();
+        return Err(unavailable());
     };
     let asked = h
         .client
         .request(subjects::site(&site, SiteTopic::Logs), Bytes::from(body));
     match tokio::time::timeout(Duration::from_secs(3), asked).await {
         Ok(Ok(m)) => match decode::<LogsReply>(&m.payload) {
-            Ok(r) => ok(200, r),
+            Ok(r) => Ok(r),
             Err(_) => match decode::<ApiReply<()>>(&m.payload).map(ApiReply::into_result) {
-                Ok(Err(e)) => error(e),
-                _ => error(ErrorBody::new(
+                Ok(Err(e)) => Err(error(e)),
+                _ => Err(error(ErrorBody::new(
                     ErrorCode::Internal,
                     None,
                     "unreadable answer from the agent",
-                )),
+                ))),
             },
         },
-        _ => error(ErrorBody::new(
+        _ => Err(error(ErrorBody::new(
             ErrorCode::Unavailable,
             None,
             format!("site {site} did not answer for the logs"),
-        )),
+        ))),
     }
 }
 
@@ -865,6 +901,7 @@ fn nats_call(subject: &str, payload: Bytes) -> Result<(Call, Option<String>), Re
         api::EXPLAIN => Call::Explain(job(&payload)?),
         api::CANCEL => Call::Cancel(job(&payload)?),
         api::LOGS => Call::Logs(job(&payload)?, 100),
+        api::TIMELINE => Call::Timeline(job(&payload)?),
         api::LIST_SITES => {
             empty(&payload)?;
             Call::ListSites

@@ -56,6 +56,7 @@ pub fn router(h: BrokerHandle) -> Router {
         .route("/v1/jobs/{id}", get(get_job).delete(cancel))
         .route("/v1/jobs/{id}/explain", get(explain))
         .route("/v1/jobs/{id}/logs", get(logs))
+        .route("/v1/jobs/{id}/timeline", get(timeline))
         .route("/v1/sites", get(list_sites))
         .route("/v1/sites/{id}/drain", post(drain))
         .route("/v1/services/scale-in", post(scale_in))
@@ -239,6 +240,14 @@ async fn explain(
     Path(id): Path<String>,
 ) -> Response {
     run(&h, &headers, Call::Explain(id)).await
+}
+
+async fn timeline(
+    State(h): State<BrokerHandle>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    run(&h, &headers, Call::Timeline(id)).await
 }
 
 #[derive(Deserialize)]

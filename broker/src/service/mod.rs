@@ -134,6 +134,7 @@ pub enum Query {
     },
     Job(JobId),
     Explain(JobId),
+    Timeline(JobId),
     Sites,
     /// Where the job's latest attempt ran: site and attempt.
     Placement(JobId),
@@ -153,6 +154,7 @@ pub enum Answer {
     JobsPage(Vec<JobView>, bool),
     Job(Option<JobView>),
     Explain(Option<ExplainView>),
+    Timeline(Option<meridian_federation::TimelineView>),
     Sites(Vec<SiteView>),
     Placement(Option<(SiteId, u32)>),
     Ledger(Vec<meridian_core::ledger::LedgerEntry>),
@@ -1180,6 +1182,7 @@ fn answer(
         ),
         Query::Tokens => Answer::Tokens(st.tokens().values().cloned().collect()),
         Query::Gauges => Answer::Gauges(reactor.gauges()),
+        Query::Timeline(id) => Answer::Timeline(st.jobs().get(&id).map(views::timeline)),
         Query::Tenancy => Answer::Tenancy(st.tenancy_toml().map(str::to_owned)),
         Query::Ledger => Answer::Ledger(
             st.jobs()

@@ -1,5 +1,6 @@
 //! Scheduling: which waiting jobs are tried, in what order, and placing one of them.
 
+use super::fairness::OrderKey;
 use super::waiting::{tenant_owner, Group, GroupKey};
 use super::{Command, Reactor};
 use crate::journal::Journal;
@@ -11,9 +12,6 @@ use meridian_federation::{
 };
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
-
-/// Accelerator time older than this does not count towards a queue's fair share.
-pub const FAIR_SHARE_WINDOW_MS: u64 = 24 * 3_600_000;
 
 impl<J: Journal> Reactor<J> {
     /// A scheduling pass. When capacity changed (`dirty`), every waiting job may be tried, in fair order: group
@@ -102,86 +100,6 @@ impl<J: Journal> Reactor<J> {
                     }
                 }
             }
-        }
-    }
-
-    /// How waiting jobs are ordered: with a tenancy, for dominant-resource fairness between queues — the queue
-    /// with the smallest dominant share of recent accelerator time first, then higher priority — and the oldest
-    /// job first within that; without one, oldest first. A queue's share of a kind (GPU, NPU, …) is its
-    /// accelerator time over the last [`FAIR_SHARE_WINDOW_MS`] — running attempts included — over the
-    /// federation's capacity of that kind for as long; both are in reference device-time, each model weighted by
-    /// the relative-throughput table, so an hour of H100 counts for more than an hour of L4. The dominant share
-    /// is the largest over the kinds.
-    fn order(&self, now: Millis) -> Order {
-        use meridian_federation::AcceleratorKind;
-        let Some(t) = &self.tenancy else {
-            return Order::default();
-        };
-        let from = now.saturating_sub(FAIR_SHARE_WINDOW_MS);
-        let mut capacity: BTreeMap<AcceleratorKind, f64> = BTreeMap::new();
-        for site in self.state.sites.values().filter(|s| s.up) {
-            for p in &site.pools {
-                *capacity.entry(p.kind).or_default() += p.devices.len() as f64
-                    * 1000.0
-                    * self.throughput.factor(&p.model)
-                    * FAIR_SHARE_WINDOW_MS as f64;
-            }
-        }
-        let mut used: BTreeMap<(QueueName, AcceleratorKind), f64> = BTreeMap::new();
-        let mut queues: HashMap<(&TenantId, Option<&QueueName>), Option<&crate::quota::Queue>> =
-            HashMap::new();
-        for job in self
-            .state
-            .with_runs
-            .iter()
-            .filter_map(|id| self.state.jobs.get(id))
-        {
-            // Only jobs that ran in the window count.
-            if job.runs.is_empty() || job.finished_ms.is_some_and(|f| f < from) {
-                continue;
-            }
-            let q = *queues
-                .entry((&job.spec.tenant, job.spec.queue.as_ref()))
-                .or_insert_with(|| t.queue_of(&job.spec.tenant, job.spec.queue.as_ref()).ok());
-            let Some(q) = q else {
-                continue;
-            };
-            for run in &job.runs {
-                let Some(start) = run.started_ms else {
-                    continue;
-                };
-                let end = if run.metered {
-                    start + run.runtime_ms
-                } else if job.holds_devices() && job.attempt == run.attempt {
-                    now
-                } else {
-                    continue;
-                };
-                let overlap = end.min(now).saturating_sub(start.max(from));
-                *used
-                    .entry((q.name.clone(), job.spec.resources.kind))
-                    .or_default() +=
-                    run.milli as f64 * overlap as f64 * self.throughput.factor(&run.model);
-            }
-        }
-        // Attempts of archived jobs (their queue as it was when they were archived).
-        for r in &self.state.recent_runs {
-            let Some(q) = &r.queue else {
-                continue;
-            };
-            let overlap = r.end_ms.min(now).saturating_sub(r.start_ms.max(from));
-            *used.entry((q.clone(), r.kind)).or_default() +=
-                r.milli as f64 * overlap as f64 * self.throughput.factor(&r.model);
-        }
-        let mut dominant: HashMap<QueueName, f64> = HashMap::new();
-        for ((q, kind), u) in &used {
-            let share = u / capacity.get(kind).copied().unwrap_or(f64::INFINITY);
-            let d = dominant.entry(q.clone()).or_insert(0.0);
-            *d = d.max(share);
-        }
-        Order {
-            tenancy: true,
-            dominant,
         }
     }
 
@@ -392,57 +310,6 @@ impl<J: Journal> Reactor<J> {
         Some(decision)
     }
 
-    /// The premium rule a job is placed under, and the key its spending is counted under; none for rules
-    /// without a premium, baselines, and journals before format 4.
-    fn premium_key(&self, spec: &JobSpec) -> Option<(TenantId, String)> {
-        let policy = placement::policy_of(spec, self.queue_policy(spec));
-        let rule = placement::Rule::of(&policy, self.state.format());
-        (self.baseline.is_none() && rule.premium().is_some())
-            .then(|| (spec.tenant.clone(), policy.label()))
-    }
-
-    /// The policy of the job's queue, where the tenancy gives it one.
-    fn queue_policy(&self, spec: &JobSpec) -> Option<&meridian_federation::Policy> {
-        self.tenancy
-            .as_ref()?
-            .queue_of(&spec.tenant, spec.queue.as_ref())
-            .ok()?
-            .policy
-            .as_ref()
-    }
-
-    /// What the job's tenant has spent under the job's premium rule.
-    fn spent(&self, spec: &JobSpec) -> placement::Spent {
-        self.premium_key(spec)
-            .and_then(|k| self.state.premiums.get(&k).copied())
-            .unwrap_or_default()
-    }
-
-    /// Counts a placement under a premium rule: its cost, and the cost of the cheapest candidate it was chosen
-    /// among (the ready candidates of the chosen tier).
-    fn count_premium(&mut self, id: &JobId, decision: &placement::Decision) {
-        let (Some(job), Outcome::Place(choice)) = (self.state.jobs.get(id), &decision.outcome)
-        else {
-            return;
-        };
-        let Some(key) = self.premium_key(&job.spec) else {
-            return;
-        };
-        let cheapest = decision
-            .candidates
-            .iter()
-            .filter(|c| c.tier == choice.tier)
-            .filter(|c| matches!(c.reject, None | Some(placement::Reject::Outscored)))
-            .filter_map(|c| c.terms.as_ref().map(|t| t.cost_micro_usd))
-            .min()
-            .unwrap_or(choice.terms.cost_micro_usd);
-        self.state
-            .premiums
-            .entry(key)
-            .or_default()
-            .add(choice.terms.cost_micro_usd, cheapest);
-    }
-
     /// A job's explanation. A waiting job's candidates are those placement would weigh now; a placed job's,
     /// those of the decision that placed it.
     pub fn explain(&self, id: &JobId, now: Millis) -> Option<meridian_federation::ExplainView> {
@@ -597,42 +464,6 @@ impl<J: Journal> Reactor<J> {
         self.saw(placed);
     }
 
-    /// Why a job of `spec` would take its tenant over budget `b` (`None` if it fits): its expected spend is the
-    /// estimate at `choice`, or at the placement the broker would choose now.
-    pub(super) fn over_budget(
-        &self,
-        b: &crate::budget::Budget,
-        spec: &JobSpec,
-        choice: Option<&placement::Choice>,
-        now: Millis,
-    ) -> Option<String> {
-        let terms = match choice {
-            Some(c) => Some(c.terms.clone()),
-            None => {
-                let request = Request {
-                    spec,
-                    waited_ms: u64::MAX,
-                    refused: &[],
-                    capped: &[],
-                    baseline: self.baseline,
-                    spent: self.spent(spec),
-                    queue_policy: self.queue_policy(spec),
-                };
-                match placement::place(self.view(), request, now).outcome {
-                    Outcome::Place(c) => Some(c.terms),
-                    Outcome::Wait(_) => None,
-                }
-            }
-        };
-        let expected = terms.map_or_else(Default::default, |t| meridian_federation::Amounts {
-            cost_micro_usd: t.cost_micro_usd,
-            energy_wh: t.energy_wh,
-            co2_g: t.co2_g,
-        });
-        let (from, to) = crate::budget::period(now, b.period);
-        let used = self.budget_used(&b.tenant, from, to);
-        crate::budget::over(b, &used, &expected)
-    }
 }
 
 /// What a try of one waiting job came to.
@@ -644,72 +475,6 @@ pub(super) struct Tried {
     /// It is blocked in a way every job of its group is (`Some(true)`: by quota before placement;
     /// `Some(false)`: no site has room for its shape, or none fits it).
     pub blocked: Option<bool>,
-}
-
-/// The fair order of waiting jobs (see [`Reactor::order`]): a key per group, then the job id.
-#[derive(Clone, Debug, Default)]
-struct Order {
-    tenancy: bool,
-    dominant: HashMap<QueueName, f64>,
-}
-
-impl Order {
-    fn key(&self, g: &Group) -> OrderKey {
-        if !self.tenancy {
-            return OrderKey::default();
-        }
-        match &g.queue {
-            // Jobs whose queue no longer exists (an administrator removed it) go last.
-            None => OrderKey::missing(),
-            Some(q) => OrderKey {
-                missing: false,
-                share: self.dominant.get(q).copied().unwrap_or(0.0),
-                priority: Reverse(g.key.priority),
-            },
-        }
-    }
-}
-
-/// Orders by queue missing, dominant share, then higher priority first: a total order (shares compared with
-/// `total_cmp`).
-#[derive(Clone, Copy, Debug, Default)]
-struct OrderKey {
-    missing: bool,
-    share: f64,
-    priority: Reverse<i32>,
-}
-
-impl OrderKey {
-    fn missing() -> Self {
-        OrderKey {
-            missing: true,
-            share: 0.0,
-            priority: Reverse(0),
-        }
-    }
-}
-
-impl PartialEq for OrderKey {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == std::cmp::Ordering::Equal
-    }
-}
-
-impl Eq for OrderKey {}
-
-impl PartialOrd for OrderKey {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for OrderKey {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.missing
-            .cmp(&other.missing)
-            .then(self.share.total_cmp(&other.share))
-            .then(self.priority.cmp(&other.priority))
-    }
 }
 
 /// What tells waiting jobs apart for placement and quota: their resources, replicas, constraints, required

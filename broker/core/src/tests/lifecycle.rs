@@ -402,3 +402,69 @@ fn observations_are_recorded_only_when_asked_and_say_what_the_steps_did() {
     );
     assert!(env.reactor.take_observations().is_empty(), "taken once");
 }
+
+#[test]
+fn a_timeline_tells_a_jobs_life_in_order_with_its_attempts_and_candidates() {
+    let mut env = TestEnv::new(trio());
+    let id = env.submit(job("k1", 1));
+    let first = env.take_offers().remove(0);
+    env.now += 1_000;
+    env.answer(
+        &first,
+        OfferOutcome::Rejected {
+            reason: "devices busy".into(),
+        },
+    );
+    let second = env.take_offers().remove(0);
+    env.now += 1_000;
+    env.answer(&second, OfferOutcome::Accepted);
+    env.status(&second, AttemptState::Running, 0);
+    env.now += 5_000;
+    env.status(
+        &second,
+        AttemptState::Failed {
+            exit_code: Some(3),
+            reason: "exit code 3".into(),
+        },
+        5_000,
+    );
+    let t = crate::views::timeline(&env.reactor.state().jobs[&id]);
+    let kinds: Vec<&str> = t.events.iter().map(|e| e.event.as_str()).collect();
+    assert_eq!(kinds.first(), Some(&"submitted"), "{kinds:?}");
+    assert_eq!(kinds.last(), Some(&"finished"), "{kinds:?}");
+    assert!(t.events.windows(2).all(|w| w[0].at_ms <= w[1].at_ms), "in time order");
+    let offered: Vec<_> = t
+        .events
+        .iter()
+        .filter(|e| e.event == "offered")
+        .map(|e| (e.attempt, e.site.clone()))
+        .collect();
+    assert_eq!(
+        offered,
+        vec![
+            (Some(first.attempt), Some(first.site.clone())),
+            (Some(second.attempt), Some(second.site.clone()))
+        ]
+    );
+    assert!(
+        t.events
+            .iter()
+            .any(|e| e.event == "note" && e.detail.contains("devices busy")),
+        "the refusal is told: {:?}",
+        t.events
+    );
+    let finished = t.events.last().unwrap();
+    assert!(finished.detail.contains("exit code 3"), "{finished:?}");
+    assert_eq!(finished.site.as_ref(), Some(&second.site));
+    assert_eq!(t.exit_code, Some(3));
+    assert_eq!(t.attempts.len(), 2);
+    assert!(t.attempts[1].metered && t.attempts[1].runtime_ms == 5_000);
+    assert!(!t.attempts[0].metered, "the refused attempt never ran");
+    assert!(!t.candidates.is_empty() && t.candidates.len() <= crate::views::TIMELINE_CANDIDATES);
+    assert!(t.candidates[0].chosen, "the chosen candidate comes first");
+    // Offers and acceptances are told once, as structured events, not again as notes.
+    assert!(!t
+        .events
+        .iter()
+        .any(|e| e.event == "note" && e.detail.contains(" offered to ")));
+}
