@@ -192,10 +192,7 @@ impl Client {
         self.call(api::LOGS, &job_ref(job)).await
     }
 
-    pub async fn timeline(
-        &self,
-        job: &JobId,
-    ) -> anyhow::Result<meridian_federation::TimelineView> {
+    pub async fn timeline(&self, job: &JobId) -> anyhow::Result<meridian_federation::TimelineView> {
         self.call(api::TIMELINE, &job_ref(job)).await
     }
 

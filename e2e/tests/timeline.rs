@@ -19,7 +19,11 @@ fn curl(f: &Fed, path: &str, token: &str) -> (u16, Value) {
         .arg(format!("{}{path}", f.fed.http))
         .output()
         .expect("curl runs");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8(out.stdout).unwrap();
     let (body, status) = text.trim_end().rsplit_once('\n').unwrap();
     (status.parse().unwrap(), serde_json::from_str(body).unwrap())
@@ -56,7 +60,10 @@ fn a_failed_jobs_timeline_shows_its_attempt_exit_code_candidates_and_log() {
     }
     let last = t["events"].as_array().unwrap().last().unwrap();
     assert_eq!(last["event"], "finished");
-    assert!(last["detail"].as_str().unwrap().contains("exit code 3"), "{last}");
+    assert!(
+        last["detail"].as_str().unwrap().contains("exit code 3"),
+        "{last}"
+    );
     assert_eq!(t["exit_code"], 3);
     let attempt = &t["attempts"][0];
     assert_eq!(attempt["site"], last["site"]);
@@ -77,9 +84,19 @@ fn a_failed_jobs_timeline_shows_its_attempt_exit_code_candidates_and_log() {
     // The command line prints the same life as a table.
     let out = f.cli(&["timeline", &id]);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     println!("{text}");
-    for expected in ["submitted", "finished", "exit code 3", "hello-from-the-timeline", "CHOSEN"] {
+    for expected in [
+        "submitted",
+        "finished",
+        "exit code 3",
+        "hello-from-the-timeline",
+        "CHOSEN",
+    ] {
         assert!(text.contains(expected), "no {expected:?} in\n{text}");
     }
 }

@@ -4,7 +4,7 @@ use super::latency::RttTable;
 use super::model::{Job, Site};
 use super::placement::{self, Decision, Terms};
 use meridian_federation::{
-    AttemptView, Amounts, CandidateView, ExplainView, JobPhase, JobView, PoolView, SiteId,
+    Amounts, AttemptView, CandidateView, ExplainView, JobPhase, JobView, PoolView, SiteId,
     SiteView, TermsView, TimelineEvent, TimelineView,
 };
 
@@ -188,25 +188,27 @@ pub const TIMELINE_CANDIDATES: usize = 5;
 /// submission, each attempt's offer, start and end, its finish and its current wait, with the broker's notes
 /// (refusals, requeues, preemptions, cancels) between them, oldest first.
 pub fn timeline(job: &Job) -> TimelineView {
-    let ev = |at_ms: u64, event: &str, attempt: Option<u32>, site: Option<&SiteId>, detail: String| {
-        TimelineEvent {
-            at_ms,
-            event: event.to_owned(),
-            attempt,
-            site: site.cloned(),
-            detail,
-        }
-    };
+    let ev =
+        |at_ms: u64, event: &str, attempt: Option<u32>, site: Option<&SiteId>, detail: String| {
+            TimelineEvent {
+                at_ms,
+                event: event.to_owned(),
+                attempt,
+                site: site.cloned(),
+                detail,
+            }
+        };
     let mut events = vec![ev(
         job.submitted_ms,
         "submitted",
         None,
         None,
         format!(
-            "{} {} device(s) × {}",
+            "{} job: {} × {:.3} {} device(s)",
             job.spec.kind.as_str(),
+            job.spec.replicas.max(1),
+            job.spec.resources.milli_per_replica() as f64 / 1000.0,
             job.spec.resources.kind.as_str(),
-            job.spec.replicas.max(1)
         ),
     )];
     for r in &job.runs {

@@ -103,7 +103,13 @@ pub fn explain(e: &ExplainView) {
 /// A job's timeline: its events with their times (seconds after submission), its attempts, the latest
 /// placement's best candidates and the end of its log.
 pub fn timeline(t: &TimelineView) {
-    outln!("{} ({}) is {}: {}", t.job, t.tenant, t.phase.as_str(), t.why);
+    outln!(
+        "{} ({}) is {}: {}",
+        t.job,
+        t.tenant,
+        t.phase.as_str(),
+        t.why
+    );
     let start = t.events.first().map_or(0, |e| e.at_ms);
     outln!(
         "{:>9} {:<10} {:>3} {:<16}  DETAIL",

@@ -1,11 +1,12 @@
 //! What the reactor refuses before anything is journaled: events that would not change state, and senders that
 //! may not say what they say (a revoked site; a site speaking of an attempt another site holds).
 
-use super::{Event, Reactor, StepError};
+use super::{Event, Reactor, StepError, SECURITY_FORMAT};
+use crate::durable::FORMAT_VERSION;
 use crate::journal::Journal;
 use crate::placement::KNEE_FORMAT;
 use crate::Millis;
-use meridian_federation::{JobPhase, Policy};
+use meridian_federation::Policy;
 
 impl<J: Journal> Reactor<J> {
     /// Refuses events that would not change state, before anything is journaled.

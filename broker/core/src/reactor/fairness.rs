@@ -159,4 +159,3 @@ impl Ord for OrderKey {
             .then(self.priority.cmp(&other.priority))
     }
 }
-

@@ -2,9 +2,9 @@
 //! records it in the journal, applies it, and pushes the messages to send into the outbox. The async shell
 //! around it only moves bytes; it decides nothing.
 
+mod checks;
 mod events;
 mod fairness;
-mod checks;
 mod history;
 mod invariants;
 mod lifecycle;
@@ -28,17 +28,16 @@ pub const SECURITY_FORMAT: u32 = 3;
 use crate::durable::{Batch, FORMAT_VERSION};
 use crate::journal::{Journal, Record};
 use crate::latency::RttTable;
-use crate::placement::{self, KNEE_FORMAT};
+use crate::placement;
 use crate::quota::Tenancy;
 use crate::regions::Regions;
 use crate::snapshot::Snapshot;
 use crate::throughput::Throughput;
 use crate::Millis;
-use meridian_federation::Policy;
 use meridian_federation::{JobId, JobPhase, SiteId};
 
-pub use history::{spec_digest, DAY_MS, IDEMPOTENCY_WINDOW_MS};
 pub use fairness::FAIR_SHARE_WINDOW_MS;
+pub use history::{spec_digest, DAY_MS, IDEMPOTENCY_WINDOW_MS};
 pub use state::{ArchivedKey, RecentRun};
 
 /// Timings of the core, in milliseconds.

@@ -1,17 +1,15 @@
 //! Scheduling: which waiting jobs are tried, in what order, and placing one of them.
 
 use super::fairness::OrderKey;
-use super::waiting::{tenant_owner, Group, GroupKey};
+use super::waiting::{tenant_owner, GroupKey};
 use super::{Command, Reactor};
 use crate::journal::Journal;
 use crate::model::Assignment;
 use crate::placement::{self, Outcome, Request, View};
 use crate::Millis;
-use meridian_federation::{
-    JobId, JobPhase, JobSpec, Offer, QueueName, SiteId, TenantId, WIRE_VERSION,
-};
+use meridian_federation::{JobId, JobPhase, JobSpec, Offer, SiteId, WIRE_VERSION};
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BinaryHeap};
 
 impl<J: Journal> Reactor<J> {
     /// A scheduling pass. When capacity changed (`dirty`), every waiting job may be tried, in fair order: group
@@ -463,7 +461,6 @@ impl<J: Journal> Reactor<J> {
         self.outbox.push(Command::Offer(offer));
         self.saw(placed);
     }
-
 }
 
 /// What a try of one waiting job came to.

@@ -432,7 +432,10 @@ fn a_timeline_tells_a_jobs_life_in_order_with_its_attempts_and_candidates() {
     let kinds: Vec<&str> = t.events.iter().map(|e| e.event.as_str()).collect();
     assert_eq!(kinds.first(), Some(&"submitted"), "{kinds:?}");
     assert_eq!(kinds.last(), Some(&"finished"), "{kinds:?}");
-    assert!(t.events.windows(2).all(|w| w[0].at_ms <= w[1].at_ms), "in time order");
+    assert!(
+        t.events.windows(2).all(|w| w[0].at_ms <= w[1].at_ms),
+        "in time order"
+    );
     let offered: Vec<_> = t
         .events
         .iter()

@@ -6,9 +6,9 @@
 //! random point, restored and replayed to the end, has it too.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use super::state_eq::same;
 use super::*;
 use crate::journal::{MemoryJournal, Record};
-use super::state_eq::same;
 use crate::reactor::{CoreConfig, Reactor};
 use crate::Millis;
 use proptest::prelude::*;
