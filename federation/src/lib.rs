@@ -14,6 +14,7 @@ pub mod ids;
 pub mod messages;
 pub mod names;
 pub mod subjects;
+pub mod trace;
 pub mod validate;
 
 pub use codec::{decode, decode_strict, encode, MAX_MESSAGE_BYTES};

@@ -78,6 +78,8 @@ struct Proc {
     pgid_path: PathBuf,
     /// The checkpoint URI last reported to the broker.
     reported_checkpoint: Option<String>,
+    /// The attempt's trace and the broker's `offer` span (from the offer's `traceparent` header).
+    trace: Option<([u8; 16], [u8; 8])>,
 }
 
 struct Agent {
@@ -98,6 +100,8 @@ struct Agent {
     /// Use changed since the last advert: the next reap tick (every 100 ms) sends one, so a burst of starts
     /// costs one advert, not one each.
     advert_due: bool,
+    /// Spans of the attempts run here, when an OTLP endpoint is configured.
+    telemetry: Option<meridian_adapters::telemetry::Telemetry>,
 }
 
 /// Pools from the site file, with NVIDIA GPU pools replaced by what NVML finds where it is available.
@@ -211,6 +215,8 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
         epoch: next_epoch(&opts.work_dir)?,
         readopt: Duration::from_millis(site.agent.readopt_ms),
         advert_due: false,
+        telemetry: meridian_adapters::telemetry::Telemetry::from_env("meridian-agent")
+            .map_err(anyhow::Error::msg)?,
     };
     agent.take_back_leftovers();
 
@@ -283,6 +289,42 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
         agent.readopt.as_millis()
     );
     Ok(())
+}
+
+/// The agent's span of an attempt: the job's process, from its start to its end, under the broker's `offer`.
+fn run_span(
+    site: &meridian_federation::SiteId,
+    job: &JobId,
+    attempt: u32,
+    p: &Proc,
+    state: &AttemptState,
+) -> meridian_adapters::telemetry::SpanRecord {
+    use meridian_adapters::telemetry::Value;
+    let (outcome, code, error) = match state {
+        AttemptState::Succeeded { exit_code } => ("succeeded", Some(*exit_code), None),
+        AttemptState::Failed { exit_code, reason } => ("failed", *exit_code, Some(reason.clone())),
+        AttemptState::Cancelled { reason } => ("cancelled", None, Some(reason.clone())),
+        AttemptState::Interrupted { reason } => ("interrupted", None, Some(reason.clone())),
+        AttemptState::Running => ("running", None, None),
+    };
+    let mut attributes = vec![
+        ("meridian.site", Value::Text(site.to_string())),
+        ("meridian.outcome", Value::Text(outcome.to_owned())),
+    ];
+    if let Some(c) = code {
+        attributes.push(("process.exit.code", Value::Int(i64::from(c))));
+    }
+    meridian_adapters::telemetry::SpanRecord {
+        job: job.clone(),
+        attempt,
+        kind: meridian_federation::trace::SpanKind::Run,
+        parent: p.trace,
+        start_ms: p.started_ms,
+        end_ms: now_ms(),
+        attributes,
+        events: Vec::new(),
+        error,
+    }
 }
 
 /// The number of this start of the agent (one more than the last, kept in the work folder).
@@ -498,9 +540,14 @@ impl Agent {
                 return;
             }
         };
+        let trace = m
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(subjects::TRACEPARENT_HEADER))
+            .and_then(|v| meridian_federation::trace::parse_traceparent(v.as_str()));
         let (mut reply, start) = self.core.on_offer(&offer);
         if start {
-            if let Err(e) = self.start(&offer) {
+            if let Err(e) = self.start(&offer, trace) {
                 tracing::error!("job {} attempt {}: {e}", offer.job, offer.attempt);
                 self.core.on_finished(&offer.job, offer.attempt);
                 self.status(
@@ -522,7 +569,7 @@ impl Agent {
         }
     }
 
-    fn start(&mut self, offer: &Offer) -> anyhow::Result<()> {
+    fn start(&mut self, offer: &Offer, trace: Option<([u8; 16], [u8; 8])>) -> anyhow::Result<()> {
         let name = format!("{}-{}", offer.job, offer.attempt);
         let run_dir = self.work_dir.join("run");
         let job_dir = self.work_dir.join("jobs").join(&name);
@@ -606,6 +653,7 @@ impl Agent {
             checkpoint_path,
             pgid_path,
             reported_checkpoint: None,
+            trace,
         };
         self.status(&offer.job, offer.attempt, AttemptState::Running, Some(&p));
         self.procs.insert((offer.job.clone(), offer.attempt), p);
@@ -711,6 +759,9 @@ impl Agent {
                 },
             };
             tracing::info!("job {job} attempt {attempt} ended: {state:?}");
+            if let Some(t) = &self.telemetry {
+                t.span(&run_span(&self.core.info.id, &job, attempt, &p, &state));
+            }
             self.status(&job, attempt, state, Some(&p));
             local::forget(&p.pgid_path);
             self.core.on_finished(&job, attempt);
@@ -788,6 +839,8 @@ impl Agent {
                         checkpoint_path: r.checkpoint_path.clone(),
                         pgid_path: path.clone(),
                         reported_checkpoint: None,
+                        // Taken back after a restart: the ids follow from the job and attempt.
+                        trace: None,
                     },
                 );
                 adopted += 1;

@@ -7,46 +7,81 @@
 //! never a job id.
 
 use crate::model::{Job, Site};
-use meridian_federation::{Amounts, JobPhase, ModelName, SiteId, TenantId, Tier};
+use meridian_federation::{Amounts, JobId, JobPhase, ModelName, SiteId, TenantId, Tier};
 use std::collections::BTreeMap;
 
-/// Something a step did that the shell counts.
+/// Something a step did that the shell counts (metrics) and tells (traces). Times are the step's `now`.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Observation {
-    /// An offer was made: the policy's name (`balanced`, `carbon-price`, …), the site's tier, and how long the
-    /// job had waited for this attempt.
+    /// An offer was made: the policy's name (`balanced`, `carbon-price`, …), the site and its tier, since when
+    /// the job had waited for this attempt, and the chosen candidate's terms.
     Placed {
+        job: JobId,
+        attempt: u32,
+        tenant: TenantId,
+        site: SiteId,
         policy: String,
         tier: Tier,
-        waited_ms: u64,
+        waiting_since_ms: u64,
+        at_ms: u64,
+        terms: Terms,
     },
-    /// An offer that did not lead to a run.
-    OfferFailed(OfferFailure),
-    /// A running job was stopped to give its devices to another.
-    Preempted(PreemptReason),
+    /// The answer to an offer: accepted, refused, or none in time.
+    Answered {
+        job: JobId,
+        attempt: u32,
+        site: SiteId,
+        answer: Answer,
+        at_ms: u64,
+    },
+    /// A running attempt was stopped to give its devices to another job.
+    Preempted {
+        job: JobId,
+        attempt: u32,
+        reason: PreemptReason,
+        at_ms: u64,
+    },
     /// An attempt's end was metered.
     Metered {
+        job: JobId,
+        attempt: u32,
         tenant: TenantId,
+        site: SiteId,
         tier: Tier,
         amounts: Amounts,
-        /// Devices held × run time, in milli-device-milliseconds / 1000 = device-milliseconds.
+        /// Devices held × run time, in device-milliseconds.
         device_ms: u64,
+        offered_ms: u64,
+        started_ms: Option<u64>,
+        /// When it ended (its start plus its run time).
+        ended_ms: u64,
     },
 }
 
+/// The terms of a chosen candidate, as a trace tells them.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Terms {
+    pub cost_micro_usd: u64,
+    pub co2_g: u64,
+    pub latency_ms: f64,
+    pub score: f64,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum OfferFailure {
+pub enum Answer {
+    Accepted,
     /// The agent answered with a refusal.
     Refused,
     /// The agent did not answer in time.
     TimedOut,
 }
 
-impl OfferFailure {
+impl Answer {
     pub fn as_str(self) -> &'static str {
         match self {
-            OfferFailure::Refused => "refused",
-            OfferFailure::TimedOut => "timed_out",
+            Answer::Accepted => "accepted",
+            Answer::Refused => "refused",
+            Answer::TimedOut => "timed_out",
         }
     }
 }
@@ -160,7 +195,6 @@ impl Gauges {
 mod tests {
     use super::*;
     use crate::testkit::{job, site};
-    use meridian_federation::JobId;
 
     #[test]
     fn gauges_count_sites_devices_and_pending_jobs_by_reason() {

@@ -7,7 +7,7 @@
 //! with a `site` label, so no site runs a listener of its own. Counters count from the broker's start (a
 //! restart resets them, as Prometheus expects). Labels are bounded: no job ids.
 
-use meridian_core::observe::{Gauges, Observation};
+use meridian_core::observe::{Answer, Gauges, Observation};
 use meridian_federation::{SiteId, SiteMetrics, Tier};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -227,7 +227,9 @@ impl Metrics {
                 Observation::Placed {
                     policy,
                     tier,
-                    waited_ms,
+                    waiting_since_ms,
+                    at_ms,
+                    ..
                 } => {
                     self.placements
                         .get_or_create(&PolicyTier {
@@ -235,19 +237,22 @@ impl Metrics {
                             tier: tier.as_str().to_owned(),
                         })
                         .inc();
-                    self.admission_wait.observe(*waited_ms as f64 / 1000.0);
+                    self.admission_wait
+                        .observe(at_ms.saturating_sub(*waiting_since_ms) as f64 / 1000.0);
                 }
-                Observation::OfferFailed(f) => {
-                    self.offers_failed
-                        .get_or_create(&Reason {
-                            reason: f.as_str().to_owned(),
-                        })
-                        .inc();
+                Observation::Answered { answer, .. } => {
+                    if *answer != Answer::Accepted {
+                        self.offers_failed
+                            .get_or_create(&Reason {
+                                reason: answer.as_str().to_owned(),
+                            })
+                            .inc();
+                    }
                 }
-                Observation::Preempted(r) => {
+                Observation::Preempted { reason, .. } => {
                     self.preemptions
                         .get_or_create(&Reason {
-                            reason: r.as_str().to_owned(),
+                            reason: reason.as_str().to_owned(),
                         })
                         .inc();
                 }
@@ -256,6 +261,7 @@ impl Metrics {
                     tier,
                     amounts,
                     device_ms,
+                    ..
                 } => {
                     let t = TenantLabel {
                         tenant: tenant.to_string(),
@@ -371,8 +377,8 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use meridian_core::observe::{OfferFailure, PreemptReason};
-    use meridian_federation::{Amounts, DeviceMetrics, ModelName, TenantId, WIRE_VERSION};
+    use meridian_core::observe::{PreemptReason, Terms};
+    use meridian_federation::{Amounts, DeviceMetrics, JobId, ModelName, TenantId, WIRE_VERSION};
 
     fn site(s: &str) -> SiteId {
         SiteId::new(s).unwrap_or_else(|e| panic!("{e}"))
@@ -381,16 +387,52 @@ mod tests {
     #[test]
     fn observations_and_gauges_come_out_under_prometheus_names() {
         let m = Metrics::new();
+        let (job, tenant) = (
+            JobId::numbered(1),
+            TenantId::new("research").unwrap_or_else(|e| panic!("{e}")),
+        );
         m.record(&[
             Observation::Placed {
+                job: job.clone(),
+                attempt: 1,
+                tenant: tenant.clone(),
+                site: site("dc-a"),
                 policy: "balanced".into(),
                 tier: Tier::Cloud,
-                waited_ms: 1500,
+                waiting_since_ms: 500,
+                at_ms: 2000,
+                terms: Terms {
+                    cost_micro_usd: 1,
+                    co2_g: 1,
+                    latency_ms: 1.0,
+                    score: 0.0,
+                },
             },
-            Observation::OfferFailed(OfferFailure::TimedOut),
-            Observation::Preempted(PreemptReason::QuotaReclaim),
+            Observation::Answered {
+                job: job.clone(),
+                attempt: 1,
+                site: site("dc-a"),
+                answer: Answer::TimedOut,
+                at_ms: 3000,
+            },
+            Observation::Answered {
+                job: job.clone(),
+                attempt: 2,
+                site: site("dc-a"),
+                answer: Answer::Accepted,
+                at_ms: 3000,
+            },
+            Observation::Preempted {
+                job: job.clone(),
+                attempt: 2,
+                reason: PreemptReason::QuotaReclaim,
+                at_ms: 4000,
+            },
             Observation::Metered {
-                tenant: TenantId::new("research").unwrap_or_else(|e| panic!("{e}")),
+                job,
+                attempt: 2,
+                tenant,
+                site: site("dc-a"),
                 tier: Tier::Cloud,
                 amounts: Amounts {
                     cost_micro_usd: 2_500_000,
@@ -398,6 +440,9 @@ mod tests {
                     co2_g: 7,
                 },
                 device_ms: 90_000,
+                offered_ms: 3000,
+                started_ms: Some(3000),
+                ended_ms: 93_000,
             },
         ]);
         m.placement_step(0.004, 2);

@@ -11,6 +11,7 @@ pub mod http;
 pub mod journal;
 pub mod lease;
 pub mod metrics;
+pub mod traces;
 
 use anyhow::Context;
 use bytes::Bytes;
@@ -195,6 +196,8 @@ pub struct BrokerHandle {
     pub audit: audit::Audit,
     /// What `/metrics` shows.
     pub metrics: std::sync::Arc<metrics::Metrics>,
+    /// Spans of job attempts, when an OTLP endpoint is configured.
+    pub traces: Option<std::sync::Arc<traces::Traces>>,
 }
 
 impl BrokerHandle {
@@ -498,6 +501,12 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
         auth: std::sync::Arc::new(auth),
         audit,
         metrics: std::sync::Arc::new(metrics::Metrics::new()),
+        traces: meridian_adapters::telemetry::Telemetry::from_env("meridian-broker")
+            .map_err(anyhow::Error::msg)?
+            .map(|t| {
+                tracing::info!("exporting traces over OTLP/HTTP");
+                std::sync::Arc::new(traces::Traces::new(t))
+            }),
     };
     let reactor_task = tokio::spawn(reactor_loop(
         reactor,
@@ -860,6 +869,9 @@ async fn reactor_loop(
                         .metrics
                         .placement_step(stepping.elapsed().as_secs_f64(), offers);
                     handle.metrics.record(&seen);
+                    if let Some(t) = &handle.traces {
+                        t.record(&seen);
+                    }
                     match (&r, tick) {
                         (Err(e), true) => tracing::error!("tick failed: {e}"),
                         (Err(e), false) => tracing::debug!("step refused: {e}"),
@@ -1206,9 +1218,21 @@ fn send(handle: &BrokerHandle, command: Command, offer_timeout: Duration) {
             Command::Offer(offer) => {
                 let Ok(body) = encode(&offer) else { return };
                 let subject = subjects::site(&offer.site, SiteTopic::Offer);
+                // The attempt's trace continues at the site under the `offer` span.
+                let mut headers = async_nats::HeaderMap::new();
+                headers.insert(
+                    subjects::TRACEPARENT_HEADER,
+                    meridian_federation::trace::traceparent(
+                        &offer.job,
+                        offer.attempt,
+                        meridian_federation::trace::SpanKind::Offer,
+                    )
+                    .as_str(),
+                );
                 let reply = tokio::time::timeout(
                     offer_timeout,
-                    h.client.request(subject, Bytes::from(body)),
+                    h.client
+                        .request_with_headers(subject, headers, Bytes::from(body)),
                 )
                 .await;
                 let (outcome, mark) = match reply {

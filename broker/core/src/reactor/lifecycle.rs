@@ -124,6 +124,13 @@ impl<J: Journal> Reactor<J> {
         }
         match outcome {
             OfferOutcome::Accepted => {
+                self.saw(crate::observe::Observation::Answered {
+                    job: id.clone(),
+                    attempt,
+                    site: site.clone(),
+                    answer: crate::observe::Answer::Accepted,
+                    at_ms: now,
+                });
                 if let Some(job) = self.state.jobs.get_mut(&id) {
                     job.phase = JobPhase::Running;
                     job.accepted = mark;
@@ -132,9 +139,13 @@ impl<J: Journal> Reactor<J> {
                 }
             }
             OfferOutcome::Rejected { reason } => {
-                self.saw(crate::observe::Observation::OfferFailed(
-                    crate::observe::OfferFailure::Refused,
-                ));
+                self.saw(crate::observe::Observation::Answered {
+                    job: id.clone(),
+                    attempt,
+                    site: site.clone(),
+                    answer: crate::observe::Answer::Refused,
+                    at_ms: now,
+                });
                 self.refuse(now, &id, &site, &format!("refused by {site}: {reason}"));
                 self.try_place(now, &id);
             }
@@ -306,6 +317,12 @@ impl<J: Journal> Reactor<J> {
             })
             .unwrap_or_default();
         let metered = crate::observe::Observation::Metered {
+            job: id.clone(),
+            attempt,
+            site: run.site.clone(),
+            offered_ms: run.offered_ms,
+            started_ms: run.started_ms,
+            ended_ms: run.started_ms.unwrap_or(run.offered_ms) + runtime,
             tenant: job.spec.tenant.clone(),
             tier: job
                 .assignment
@@ -384,11 +401,16 @@ impl<J: Journal> Reactor<J> {
             return;
         };
         let attempt = job.attempt;
-        self.saw(crate::observe::Observation::Preempted(if reclaim {
-            crate::observe::PreemptReason::QuotaReclaim
-        } else {
-            crate::observe::PreemptReason::Priority
-        }));
+        self.saw(crate::observe::Observation::Preempted {
+            job: victim.clone(),
+            attempt,
+            reason: if reclaim {
+                crate::observe::PreemptReason::QuotaReclaim
+            } else {
+                crate::observe::PreemptReason::Priority
+            },
+            at_ms: now,
+        });
         let by_queue = self
             .state
             .jobs

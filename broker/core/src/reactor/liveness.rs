@@ -161,9 +161,13 @@ impl<J: Journal> Reactor<J> {
             }
             _ => return,
         };
-        self.saw(crate::observe::Observation::OfferFailed(
-            crate::observe::OfferFailure::TimedOut,
-        ));
+        self.saw(crate::observe::Observation::Answered {
+            job: job.clone(),
+            attempt,
+            site: site.clone(),
+            answer: crate::observe::Answer::TimedOut,
+            at_ms: now,
+        });
         self.cancel_attempt(site.clone(), job.clone(), attempt, "offer timed out");
         self.refuse(now, job, &site, &format!("offer to {site} timed out"));
     }

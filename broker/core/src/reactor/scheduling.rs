@@ -444,6 +444,10 @@ impl<J: Journal> Reactor<J> {
             resume_from: job.checkpoint.clone(),
         };
         let placed = crate::observe::Observation::Placed {
+            job: id.clone(),
+            attempt: job.attempt,
+            tenant: job.spec.tenant.clone(),
+            site: choice.site.clone(),
             policy: decision
                 .policy
                 .split('=')
@@ -451,7 +455,14 @@ impl<J: Journal> Reactor<J> {
                 .unwrap_or_default()
                 .to_owned(),
             tier: choice.tier,
-            waited_ms: now.saturating_sub(job.waiting_since_ms),
+            waiting_since_ms: job.waiting_since_ms,
+            at_ms: now,
+            terms: crate::observe::Terms {
+                cost_micro_usd: choice.terms.cost_micro_usd,
+                co2_g: choice.terms.co2_g,
+                latency_ms: choice.terms.latency_ms,
+                score: choice.terms.score,
+            },
         };
         job.decision = Some(Box::new(decision));
         if let Some(s) = self.state.sites.get_mut(&choice.site) {

@@ -362,7 +362,7 @@ fn an_attempt_the_site_no_longer_has_is_ended_and_its_job_requeued() {
 
 #[test]
 fn observations_are_recorded_only_when_asked_and_say_what_the_steps_did() {
-    use crate::observe::{Observation, OfferFailure};
+    use crate::observe::{Answer, Observation};
     let mut env = TestEnv::new(trio());
     env.submit(job("quiet", 1));
     assert!(
@@ -391,7 +391,8 @@ fn observations_are_recorded_only_when_asked_and_say_what_the_steps_did() {
         })
         .collect();
     assert_eq!(placed, vec!["balanced", "balanced"], "{seen:?}");
-    assert!(seen.contains(&Observation::OfferFailed(OfferFailure::Refused)));
+    assert!(seen.iter().any(|o| matches!(o, Observation::Answered { answer: Answer::Refused, job, .. } if *job == id)));
+    assert!(seen.iter().any(|o| matches!(o, Observation::Answered { answer: Answer::Accepted, job, .. } if *job == id)));
     let metered = job_metered(&env, &id);
     assert!(
         seen.iter().any(
