@@ -24,6 +24,12 @@ pub enum Value {
     Float(f64),
 }
 
+/// Attributes of a span or event.
+pub type Attributes = Vec<(&'static str, Value)>;
+
+/// An event within a span: when, its name, and what.
+pub type SpanEvent = (u64, &'static str, Attributes);
+
 /// One span of a job attempt's trace, with the times it had.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SpanRecord {
@@ -34,9 +40,9 @@ pub struct SpanRecord {
     pub parent: Option<([u8; 16], [u8; 8])>,
     pub start_ms: u64,
     pub end_ms: u64,
-    pub attributes: Vec<(&'static str, Value)>,
-    /// Events within the span: when, name, and what.
-    pub events: Vec<(u64, &'static str, Vec<(&'static str, Value)>)>,
+    pub attributes: Attributes,
+    /// Events within the span.
+    pub events: Vec<SpanEvent>,
     pub error: Option<String>,
 }
 

@@ -147,7 +147,8 @@ fn one_attempt_one_trace_across_broker_and_agent() {
             .unwrap_or_else(|| panic!("no {name} span: {found:#?}"))
             .clone()
     };
-    let (attempt, placement, offer, run) = (one("attempt"), one("placement"), one("offer"), one("run"));
+    let (attempt, placement, offer, run) =
+        (one("attempt"), one("placement"), one("offer"), one("run"));
     assert!(!attempt.trace.is_empty());
     for s in [&placement, &offer, &run] {
         assert_eq!(s.trace, attempt.trace, "one trace: {s:?}");
@@ -155,7 +156,10 @@ fn one_attempt_one_trace_across_broker_and_agent() {
     assert_eq!(attempt.parent, "", "the attempt is the root");
     assert_eq!(placement.parent, attempt.id);
     assert_eq!(offer.parent, attempt.id);
-    assert_eq!(run.parent, offer.id, "the agent's run is under the broker's offer");
+    assert_eq!(
+        run.parent, offer.id,
+        "the agent's run is under the broker's offer"
+    );
     assert_eq!(attempt.service, "meridian-broker");
     assert_eq!(run.service, "meridian-agent");
     assert_eq!(
@@ -168,7 +172,10 @@ fn one_attempt_one_trace_across_broker_and_agent() {
     );
     assert!(attribute(&placement, "meridian.score").is_some());
     assert_eq!(
-        attribute(&run, "process.exit.code").and_then(|v| v["intValue"].as_str().map(str::to_owned).or_else(|| v["intValue"].as_i64().map(|i| i.to_string()))),
+        attribute(&run, "process.exit.code").and_then(|v| v["intValue"]
+            .as_str()
+            .map(str::to_owned)
+            .or_else(|| v["intValue"].as_i64().map(|i| i.to_string()))),
         Some("0".to_owned())
     );
 }

@@ -53,7 +53,11 @@ fn digest(parts: &[&[u8]]) -> [u8; 32] {
 
 /// The trace id of a job's attempt (never all zero).
 pub fn trace_id(job: &JobId, attempt: u32) -> [u8; 16] {
-    let d = digest(&[b"meridian-trace", job.as_str().as_bytes(), &attempt.to_be_bytes()]);
+    let d = digest(&[
+        b"meridian-trace",
+        job.as_str().as_bytes(),
+        &attempt.to_be_bytes(),
+    ]);
     let mut id = [0u8; 16];
     id.copy_from_slice(&d[..16]);
     if id == [0; 16] {
@@ -95,7 +99,8 @@ pub fn traceparent(job: &JobId, attempt: u32, span: SpanKind) -> String {
 /// header is ignored, never an error: tracing must not refuse work).
 pub fn parse_traceparent(value: &str) -> Option<([u8; 16], [u8; 8])> {
     let mut parts = value.trim().split('-');
-    let (version, trace, span, _flags) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    let (version, trace, span, _flags) =
+        (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
     if version != "00" || trace.len() != 32 || span.len() != 16 || parts.next().is_some() {
         return None;
     }

@@ -4,7 +4,7 @@
 //! decision's site, policy, tier and terms), `offer` (to its answer), and the root `attempt` (to the attempt's
 //! end, with its metered amounts, and preemptions as events). The agent adds `run` under `offer`.
 
-use meridian_adapters::telemetry::{SpanRecord, Telemetry, Value};
+use meridian_adapters::telemetry::{Attributes, SpanEvent, SpanRecord, Telemetry, Value};
 use meridian_core::observe::{Answer, Observation};
 use meridian_federation::trace::SpanKind;
 use meridian_federation::{JobId, SiteId, Tier};
@@ -17,7 +17,7 @@ struct Open {
     waiting_since_ms: u64,
     offered_ms: u64,
     policy: String,
-    events: Vec<(u64, &'static str, Vec<(&'static str, Value)>)>,
+    events: Vec<SpanEvent>,
 }
 
 /// At most this many attempts are kept open; past it the oldest are forgotten.
@@ -32,7 +32,7 @@ fn text(s: impl ToString) -> Value {
     Value::Text(s.to_string())
 }
 
-fn site_attrs(site: &SiteId, tier: Tier) -> Vec<(&'static str, Value)> {
+fn site_attrs(site: &SiteId, tier: Tier) -> Attributes {
     vec![
         ("meridian.site", text(site)),
         ("meridian.tier", text(tier.as_str())),
@@ -71,12 +71,21 @@ impl Traces {
                 at_ms,
                 terms,
             } => {
-                let mut s = span(job, *attempt, SpanKind::Placement, *waiting_since_ms, *at_ms);
+                let mut s = span(
+                    job,
+                    *attempt,
+                    SpanKind::Placement,
+                    *waiting_since_ms,
+                    *at_ms,
+                );
                 s.attributes = site_attrs(site, *tier);
                 s.attributes.extend([
                     ("meridian.tenant", text(tenant)),
                     ("meridian.policy", text(policy)),
-                    ("meridian.cost_usd", Value::Float(terms.cost_micro_usd as f64 / 1e6)),
+                    (
+                        "meridian.cost_usd",
+                        Value::Float(terms.cost_micro_usd as f64 / 1e6),
+                    ),
                     ("meridian.co2e_g", Value::Int(terms.co2_g as i64)),
                     ("meridian.latency_ms", Value::Float(terms.latency_ms)),
                     ("meridian.score", Value::Float(terms.score)),
@@ -135,8 +144,11 @@ impl Traces {
                 at_ms,
             } => {
                 if let Some(o) = open.get_mut(&(job.clone(), *attempt)) {
-                    o.events
-                        .push((*at_ms, "preempted", vec![("meridian.reason", text(reason.as_str()))]));
+                    o.events.push((
+                        *at_ms,
+                        "preempted",
+                        vec![("meridian.reason", text(reason.as_str()))],
+                    ));
                 }
             }
             Observation::Metered {
@@ -156,7 +168,10 @@ impl Traces {
                 root.attributes = site_attrs(site, *tier);
                 root.attributes.extend([
                     ("meridian.tenant", text(tenant)),
-                    ("meridian.cost_usd", Value::Float(amounts.cost_micro_usd as f64 / 1e6)),
+                    (
+                        "meridian.cost_usd",
+                        Value::Float(amounts.cost_micro_usd as f64 / 1e6),
+                    ),
                     ("meridian.energy_wh", Value::Int(amounts.energy_wh as i64)),
                     ("meridian.co2e_g", Value::Int(amounts.co2_g as i64)),
                 ]);

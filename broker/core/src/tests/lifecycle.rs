@@ -391,8 +391,12 @@ fn observations_are_recorded_only_when_asked_and_say_what_the_steps_did() {
         })
         .collect();
     assert_eq!(placed, vec!["balanced", "balanced"], "{seen:?}");
-    assert!(seen.iter().any(|o| matches!(o, Observation::Answered { answer: Answer::Refused, job, .. } if *job == id)));
-    assert!(seen.iter().any(|o| matches!(o, Observation::Answered { answer: Answer::Accepted, job, .. } if *job == id)));
+    assert!(seen.iter().any(
+        |o| matches!(o, Observation::Answered { answer: Answer::Refused, job, .. } if *job == id)
+    ));
+    assert!(seen.iter().any(
+        |o| matches!(o, Observation::Answered { answer: Answer::Accepted, job, .. } if *job == id)
+    ));
     let metered = job_metered(&env, &id);
     assert!(
         seen.iter().any(
