@@ -7,6 +7,7 @@ mod lifecycle;
 mod oracle;
 mod placement;
 mod random;
+mod random_events;
 mod state_eq;
 mod tenancy;
 mod trust;
