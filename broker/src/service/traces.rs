@@ -9,7 +9,6 @@ use meridian_core::observe::{Answer, Observation};
 use meridian_federation::trace::SpanKind;
 use meridian_federation::{JobId, SiteId, Tier};
 use std::collections::HashMap;
-use std::sync::Mutex;
 
 /// What is kept of an attempt between its offer and its end (soft: a broker that restarts in between makes the
 /// root span from what it sees then).
@@ -23,9 +22,16 @@ struct Open {
 /// At most this many attempts are kept open; past it the oldest are forgotten.
 const MAX_OPEN: usize = 100_000;
 
+/// Hands what steps did to a thread of its own, which makes and exports the spans: the reactor task only
+/// sends.
 pub struct Traces {
+    tx: std::sync::mpsc::Sender<Vec<Observation>>,
+}
+
+/// The thread's state: the exporter and the attempts between their offer and their end.
+struct Maker {
     telemetry: Telemetry,
-    open: Mutex<HashMap<(JobId, u32), Open>>,
+    open: HashMap<(JobId, u32), Open>,
 }
 
 fn text(s: impl ToString) -> Value {
@@ -41,13 +47,32 @@ fn site_attrs(site: &SiteId, tier: Tier) -> Attributes {
 
 impl Traces {
     pub fn new(telemetry: Telemetry) -> Self {
-        Traces {
-            telemetry,
-            open: Mutex::new(HashMap::new()),
-        }
+        let (tx, rx) = std::sync::mpsc::channel::<Vec<Observation>>();
+        std::thread::spawn(move || {
+            let mut maker = Maker {
+                telemetry,
+                open: HashMap::new(),
+            };
+            while let Ok(batch) = rx.recv() {
+                for o in &batch {
+                    maker.record_one(o);
+                }
+            }
+        });
+        Traces { tx }
     }
 
-    fn record_one(&self, open: &mut HashMap<(JobId, u32), Open>, o: &Observation) {
+    /// Makes the spans of what a batch's steps did (on the spans' own thread).
+    pub fn record(&self, observations: &[Observation]) {
+        if !observations.is_empty() {
+            let _ = self.tx.send(observations.to_vec());
+        }
+    }
+}
+
+impl Maker {
+    fn record_one(&mut self, o: &Observation) {
+        let open = &mut self.open;
         let span = |job: &JobId, attempt: u32, kind, start_ms, end_ms| SpanRecord {
             job: job.clone(),
             attempt,
@@ -181,16 +206,6 @@ impl Traces {
                 }
                 self.telemetry.span(&root);
             }
-        }
-    }
-
-    /// Makes the spans of what a batch's steps did.
-    pub fn record(&self, observations: &[Observation]) {
-        let Ok(mut open) = self.open.lock() else {
-            return;
-        };
-        for o in observations {
-            self.record_one(&mut open, o);
         }
     }
 }
