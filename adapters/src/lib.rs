@@ -2,9 +2,11 @@
 //!
 //! - [`local`]: runs a job's command as a local process group under a small supervising shim, which stops
 //!   every process of the job on a cancel, and keeps it for a restarted agent to take back.
+//! - [`device_metrics`]: the Prometheus families of the devices agents report.
 //! - [`probe`]: device discovery (NVIDIA GPUs through NVML) turned into plain pool descriptions.
 //! - [`telemetry`]: OpenTelemetry spans of job attempts, exported over OTLP/HTTP when configured.
 
+pub mod device_metrics;
 pub mod local;
 pub mod probe;
 pub mod telemetry;

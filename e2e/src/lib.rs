@@ -39,6 +39,8 @@ pub struct SiteSpec<'a> {
     pub edge: bool,
     /// How long its jobs outlive a stopped agent, ms (below the test federations' site-loss timeouts).
     pub readopt_ms: u64,
+    /// Its agent also serves `/metrics` on a loopback port of its own (see [`Fed::agent_metrics_addr`]).
+    pub metrics_listen: bool,
 }
 
 impl<'a> SiteSpec<'a> {
@@ -55,6 +57,7 @@ impl<'a> SiteSpec<'a> {
             carbon: 300,
             edge: false,
             readopt_ms: 1_000,
+            metrics_listen: false,
         }
     }
 }
@@ -91,8 +94,21 @@ price_usd_per_hour = {}
 [agent]
 readopt_ms = {}
 metrics_ms = 1000
-"#,
-        s.id, s.tier, s.lat, s.lon, s.carbon, s.model, s.count, s.price, s.readopt_ms
+{}"#,
+        s.id,
+        s.tier,
+        s.lat,
+        s.lon,
+        s.carbon,
+        s.model,
+        s.count,
+        s.price,
+        s.readopt_ms,
+        if s.metrics_listen {
+            "metrics_listen = \"127.0.0.1:0\"\n"
+        } else {
+            ""
+        }
     )
 }
 
@@ -158,6 +174,21 @@ impl Fed {
 
     fn url(&self, path: &str) -> String {
         format!("{}{path}", self.fed.http)
+    }
+
+    /// The address of a site's agent's own `/metrics` (an agent started with `metrics_listen`), once it listens.
+    pub fn agent_metrics_addr(&self, site: &str) -> String {
+        let file = self.fed.dir.join("agents").join(site).join("metrics.addr");
+        let mut addr = String::new();
+        self.wait_until(
+            "the agent's metrics address",
+            Duration::from_secs(30),
+            || {
+                addr = std::fs::read_to_string(&file).unwrap_or_default();
+                !addr.is_empty()
+            },
+        );
+        addr.trim().to_owned()
     }
 
     /// The federation's CA certificate (`None` when insecure).

@@ -186,8 +186,14 @@ fn prometheus_binary() -> Option<PathBuf> {
     found
 }
 
-/// Starts Prometheus on a port of its own choosing, scraping `target` every second; returns it and its address.
-fn start_prometheus(bin: &PathBuf, dir: &std::path::Path, f: &Fed) -> (Managed, String) {
+/// Starts Prometheus on a port of its own choosing, scraping the broker (HTTPS, the CA, a token) and one
+/// agent's own `/metrics` (`agent`, plain HTTP on loopback) every second; returns it and its address.
+fn start_prometheus(
+    bin: &PathBuf,
+    dir: &std::path::Path,
+    f: &Fed,
+    agent: &str,
+) -> (Managed, String) {
     let target = f.fed.http.trim_start_matches("https://").to_owned();
     let token_file = dir.join("token");
     std::fs::write(&token_file, f.token.clone().expect("a secured federation")).unwrap();
@@ -204,6 +210,9 @@ scrape_configs:
       credentials_file: {token:?}
     static_configs:
       - targets: [{target:?}]
+  - job_name: agent
+    static_configs:
+      - targets: [{agent:?}]
 "#,
         ca = f.ca().expect("CA").display().to_string(),
         token = token_file.display().to_string(),
@@ -257,18 +266,30 @@ fn a_real_prometheus_scrapes_the_federation() {
     let Some(bin) = prometheus_binary() else {
         return;
     };
-    let f = federation();
+    // dc-a's agent also serves its own /metrics (off by default).
+    let f = Fed::generated(
+        &[
+            SiteSpec {
+                metrics_listen: true,
+                ..SiteSpec::new("dc-a", "owned", "H100", 2, 2.0)
+            },
+            SiteSpec::new("cloud-b", "cloud", "H100", 2, 4.0),
+        ],
+        "",
+    );
     let a = f.submit(&job("runs", 1, "sleep 1"));
     f.submit(&job("too-big", 8, "true"));
     f.wait_phase(&a, "succeeded", LONG);
+    let agent = f.agent_metrics_addr("dc-a");
     let dir = tempfile::tempdir().unwrap();
-    let (_prometheus, addr) = start_prometheus(&bin, dir.path(), &f);
+    let (_prometheus, addr) = start_prometheus(&bin, dir.path(), &f, &agent);
     let mut placements = Vec::new();
     let deadline = Instant::now() + LONG;
     while Instant::now() < deadline {
         placements = query(&addr, "sum(meridian_placements_total)");
         let devices = query(&addr, r#"meridian_device_allocated_ratio{site="dc-a"}"#);
-        if !placements.is_empty() && !devices.is_empty() {
+        let from_agent = query(&addr, r#"meridian_device_allocated_ratio{job="agent"}"#);
+        if !placements.is_empty() && !devices.is_empty() && !from_agent.is_empty() {
             break;
         }
         std::thread::sleep(Duration::from_millis(500));
@@ -285,9 +306,25 @@ fn a_real_prometheus_scrapes_the_federation() {
     assert_eq!(pending.len(), 1, "{pending:?}");
     assert_eq!(pending[0]["metric"]["queue"], "e2e");
     assert_eq!(pending[0]["value"][1], "1");
-    let devices = query(&addr, "count(meridian_device_allocated_ratio)");
+    let devices = query(
+        &addr,
+        r#"count(meridian_device_allocated_ratio{job="meridian"})"#,
+    );
     assert_eq!(
         devices[0]["value"][1], "4",
         "two devices at each of two sites, reported by their agents over NATS: {devices:?}"
+    );
+    let up = query(&addr, r#"up{job="agent"}"#);
+    assert_eq!(
+        up[0]["value"][1], "1",
+        "Prometheus scrapes the agent: {up:?}"
+    );
+    let own = query(
+        &addr,
+        r#"count(meridian_device_allocated_ratio{job="agent",site="dc-a"})"#,
+    );
+    assert_eq!(
+        own[0]["value"][1], "2",
+        "dc-a's two devices from its own /metrics: {own:?}"
     );
 }

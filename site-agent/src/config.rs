@@ -111,6 +111,10 @@ pub struct AgentSettings {
     pub nvml: NvmlMode,
     /// Period of the device metrics sent to the broker (`meridian.v1.site.<S>.metrics`), ms; 0 sends none.
     pub metrics_ms: u64,
+    /// Also show the latest device report on `GET http://ADDR/metrics` (plain HTTP; `127.0.0.1:0` picks a free
+    /// port, written to `metrics.addr` in the work folder). Off by default: the broker re-exports every site's
+    /// report, and a listener at every site is attack surface — bind it to loopback or a management network.
+    pub metrics_listen: Option<String>,
     /// Stop taking new work (running work finishes).
     pub draining: bool,
 }
@@ -136,6 +140,7 @@ impl Default for AgentSettings {
             readopt_ms: 8_000,
             nvml: NvmlMode::Auto,
             metrics_ms: 15_000,
+            metrics_listen: None,
             draining: false,
         }
     }

@@ -102,6 +102,8 @@ struct Agent {
     advert_due: bool,
     /// Spans of the attempts run here, when an OTLP endpoint is configured.
     telemetry: Option<meridian_adapters::telemetry::Telemetry>,
+    /// The latest device report, for the agent's own `/metrics` (when it serves one).
+    report: Arc<Mutex<Option<meridian_federation::SiteMetrics>>>,
 }
 
 /// Pools from the site file, with NVIDIA GPU pools replaced by what NVML finds where it is available.
@@ -217,8 +219,12 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
         advert_due: false,
         telemetry: meridian_adapters::telemetry::Telemetry::from_env("meridian-agent")
             .map_err(anyhow::Error::msg)?,
+        report: Arc::new(Mutex::new(None)),
     };
     agent.take_back_leftovers();
+    if let Some(addr) = &site.agent.metrics_listen {
+        serve_metrics(addr, &opts.work_dir, agent.report.clone()).await?;
+    }
 
     let mut offers = client
         .subscribe(subjects::site(&id, SiteTopic::Offer))
@@ -288,6 +294,46 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
         agent.procs.len(),
         agent.readopt.as_millis()
     );
+    Ok(())
+}
+
+/// The agent's own `/metrics` (`[agent] metrics_listen`): its latest device report as Prometheus text. The
+/// address it got is written to `metrics.addr` in the work folder.
+async fn serve_metrics(
+    addr: &str,
+    work_dir: &std::path::Path,
+    report: Arc<Mutex<Option<meridian_federation::SiteMetrics>>>,
+) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("listening for metrics on {addr}"))?;
+    let bound = listener.local_addr()?;
+    std::fs::write(work_dir.join("metrics.addr"), bound.to_string())
+        .with_context(|| format!("writing metrics.addr in {}", work_dir.display()))?;
+    tracing::info!("device metrics on http://{bound}/metrics");
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let text = report
+                .lock()
+                .map(|r| meridian_adapters::device_metrics::render(r.as_ref()))
+                .unwrap_or_default();
+            async move {
+                (
+                    [(
+                        axum::http::header::CONTENT_TYPE,
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )],
+                    text,
+                )
+            }
+        }),
+    );
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!("metrics listener stopped: {e}");
+        }
+    });
     Ok(())
 }
 
@@ -499,6 +545,9 @@ impl Agent {
         let m = self.core.metrics(now_ms(), &samples);
         self.publish(subjects::site(&m.site, SiteTopic::Metrics), encode(&m))
             .await;
+        if let Ok(mut r) = self.report.lock() {
+            *r = Some(m);
+        }
     }
 
     fn status(&self, job: &JobId, attempt: u32, state: AttemptState, p: Option<&Proc>) {

@@ -64,13 +64,6 @@ struct SiteModelState {
     state: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct SitePoolDevice {
-    site: String,
-    pool: String,
-    device: String,
-}
-
 /// Every metric of the broker, registered once.
 pub struct Metrics {
     registry: Registry,
@@ -88,9 +81,8 @@ pub struct Metrics {
     jobs: Family<Phase, Gauge>,
     sites: Family<StateLabel, Gauge>,
     devices: Family<SiteModelState, FloatGauge>,
-    allocated: Family<SitePoolDevice, FloatGauge>,
-    utilization: Family<SitePoolDevice, FloatGauge>,
-    power: Family<SitePoolDevice, FloatGauge>,
+    /// What agents report of their devices.
+    device_reports: meridian_adapters::device_metrics::DeviceFamilies,
     /// Each site's latest report and when it arrived.
     agents: Mutex<BTreeMap<SiteId, (u64, SiteMetrics)>>,
     /// One scrape at a time: gauges are cleared and set again for each.
@@ -121,9 +113,7 @@ impl Metrics {
             jobs: Family::default(),
             sites: Family::default(),
             devices: Family::default(),
-            allocated: Family::default(),
-            utilization: Family::default(),
-            power: Family::default(),
+            device_reports: Default::default(),
             agents: Mutex::new(BTreeMap::new()),
             scrape: Mutex::new(()),
             registry: Registry::default(),
@@ -199,25 +189,12 @@ impl Metrics {
             "Devices by site, model and state (used, free, unhealthy; shares count as fractions)",
             m.devices.clone(),
         );
-        r.register_with_unit(
-            "meridian_device_allocated",
-            "Share of a device its agent has given to jobs",
-            Unit::Other("ratio".into()),
-            m.allocated.clone(),
-        );
-        r.register_with_unit(
-            "meridian_device_utilization",
-            "Busy fraction of a device as NVML reads it",
-            Unit::Other("ratio".into()),
-            m.utilization.clone(),
-        );
-        r.register_with_unit(
-            "meridian_device_power",
-            "Power draw of a device as NVML reads it",
-            Unit::Other("watts".into()),
-            m.power.clone(),
-        );
-        Metrics { registry: r, ..m }
+        let device_reports = meridian_adapters::device_metrics::DeviceFamilies::register(&mut r);
+        Metrics {
+            registry: r,
+            device_reports,
+            ..m
+        }
     }
 
     /// Counts what a batch's steps did.
@@ -338,32 +315,15 @@ impl Metrics {
                 })
                 .set(*n);
         }
-        self.allocated.clear();
-        self.utilization.clear();
-        self.power.clear();
+        self.device_reports.clear();
         if let Ok(mut agents) = self.agents.lock() {
             // Reports of sites the broker does not know, or has revoked, or that stopped reporting, go.
             agents.retain(|site, (at, _)| {
                 g.site_states.get(site).is_some_and(|s| *s != "revoked")
                     && at.saturating_add(AGENT_METRICS_TTL_MS) > now_ms
             });
-            for (site, (_, m)) in agents.iter() {
-                for d in &m.devices {
-                    let l = SitePoolDevice {
-                        site: site.to_string(),
-                        pool: d.pool.to_string(),
-                        device: d.index.to_string(),
-                    };
-                    self.allocated
-                        .get_or_create(&l)
-                        .set(f64::from(d.allocated_milli) / 1000.0);
-                    if let Some(u) = d.utilization {
-                        self.utilization.get_or_create(&l).set(u);
-                    }
-                    if let Some(p) = d.power_watts {
-                        self.power.get_or_create(&l).set(p);
-                    }
-                }
+            for (_, m) in agents.values() {
+                self.device_reports.set(m);
             }
         }
         let mut out = String::new();
