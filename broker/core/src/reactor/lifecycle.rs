@@ -228,6 +228,21 @@ impl<J: Journal> Reactor<J> {
         }
         match s.state.clone() {
             AttemptState::Running => {
+                // A site's first word of a run may come before its answer to the offer: it accepted.
+                let answered_by_running = self
+                    .state
+                    .jobs
+                    .get(&id)
+                    .is_some_and(|j| j.phase == JobPhase::Offered);
+                if answered_by_running {
+                    self.saw(crate::observe::Observation::Answered {
+                        job: id.clone(),
+                        attempt: s.attempt,
+                        site: s.site.clone(),
+                        answer: crate::observe::Answer::Accepted,
+                        at_ms: now,
+                    });
+                }
                 if let Some(job) = self.state.jobs.get_mut(&id) {
                     if job.accepted.is_none() {
                         job.accepted = s.mark;

@@ -476,3 +476,22 @@ fn a_timeline_tells_a_jobs_life_in_order_with_its_attempts_and_candidates() {
         .iter()
         .any(|e| e.event == "note" && e.detail.contains(" offered to ")));
 }
+
+#[test]
+fn a_run_reported_before_the_offers_answer_counts_as_its_acceptance_once() {
+    use crate::observe::{Answer, Observation};
+    let mut env = TestEnv::new(trio());
+    env.reactor.observe();
+    let id = env.submit(job("k1", 1));
+    let offer = env.take_offers().remove(0);
+    env.status(&offer, AttemptState::Running, 0);
+    env.answer(&offer, OfferOutcome::Accepted);
+    let accepted = env
+        .reactor
+        .take_observations()
+        .into_iter()
+        .filter(|o| matches!(o, Observation::Answered { answer: Answer::Accepted, job, .. } if *job == id))
+        .count();
+    assert_eq!(accepted, 1);
+    assert_eq!(env.phase(&id), JobPhase::Running);
+}
