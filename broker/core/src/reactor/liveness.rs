@@ -1,10 +1,12 @@
 //! Liveness: adverts and heartbeats, sites lost, offers that time out, and the clock's tick.
 
-use super::{Event, Reactor};
+use super::{Command, Event, Reactor};
 use crate::journal::Journal;
 use crate::model::Site;
 use crate::Millis;
-use meridian_federation::{AttemptRef, Heartbeat, JobId, JobPhase, SiteAdvert, SiteId};
+use meridian_federation::{
+    AttemptRef, Heartbeat, JobId, JobPhase, Offer, SiteAdvert, SiteId, WIRE_VERSION,
+};
 
 impl<J: Journal> Reactor<J> {
     /// After a replay, liveness starts afresh: every known site counts as seen now, and is declared lost only if
@@ -12,6 +14,34 @@ impl<J: Journal> Reactor<J> {
     pub(super) fn resume(&mut self, now: Millis) {
         for s in self.state.sites.values_mut() {
             s.last_seen_ms = now;
+        }
+    }
+
+    /// After the broker could not act: each offer still unanswered gets its full timeout again from now, and is
+    /// sent again for the same attempt. The first sending may never have left (the broker stopped between
+    /// journaling the offer and sending it) or its answer may have gone unheard; an agent answers a repeated
+    /// offer as it answered the first, and starts nothing twice.
+    pub(super) fn offer_again(&mut self, now: Millis) {
+        for id in &self.state.offered {
+            let Some(job) = self.state.jobs.get_mut(id) else {
+                continue;
+            };
+            if job.phase != JobPhase::Offered {
+                continue;
+            }
+            job.offered_ms = Some(now);
+            if let Some(a) = &job.assignment {
+                self.outbox.push(Command::Offer(Offer {
+                    v: WIRE_VERSION,
+                    job: id.clone(),
+                    attempt: job.attempt,
+                    site: a.site.clone(),
+                    pool: a.pool.clone(),
+                    devices: a.devices.clone(),
+                    spec: job.spec.clone(),
+                    resume_from: job.checkpoint.clone(),
+                }));
+            }
         }
     }
 

@@ -366,13 +366,7 @@ impl<J: Journal> Reactor<J> {
             }
             Event::Resume => {
                 self.resume(now);
-                for id in &self.state.offered {
-                    if let Some(job) = self.state.jobs.get_mut(id) {
-                        if job.phase == JobPhase::Offered {
-                            job.offered_ms = Some(now);
-                        }
-                    }
-                }
+                self.offer_again(now);
                 Response::Done
             }
             Event::SetTenancy { toml, from_file } => {

@@ -79,12 +79,15 @@ fn after_a_resume_an_unanswered_offer_gets_its_full_timeout_again() {
     // The broker was blind for longer than the offer timeout (a takeover, a stalled journal).
     env.now += env.reactor.config().offer_timeout_ms + 1_000;
     env.step(Event::Resume);
+    // The offer is sent again, for the same attempt: the first may never have left.
+    assert_eq!(env.take_offers(), offers, "the same offer again");
     env.advance(10);
     assert_eq!(
         env.phase(&id),
         JobPhase::Offered,
         "the answer may still be on its way"
     );
+    assert!(env.take_offers().is_empty(), "sent again once");
     // The agent's answer, heard late, is taken.
     env.answer(&offers[0], OfferOutcome::Accepted);
     env.status(&offers[0], AttemptState::Running, 0);
