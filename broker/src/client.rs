@@ -139,6 +139,18 @@ impl Client {
         self.call(api::REPORT, req).await
     }
 
+    /// The jobs submitted from `from_ms` on, live and archived (an administrator's call).
+    pub async fn history(
+        &self,
+        from_ms: Option<u64>,
+    ) -> anyhow::Result<meridian_federation::HistoryView> {
+        let req = meridian_federation::HistoryRequest {
+            v: meridian_federation::WIRE_VERSION,
+            from_ms,
+        };
+        self.call(api::HISTORY, &req).await
+    }
+
     /// One page of jobs.
     pub async fn jobs_page(
         &self,

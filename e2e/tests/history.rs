@@ -124,3 +124,95 @@ fn five_thousand_jobs_list_in_pages_and_archived_ones_stay_readable() {
     assert_eq!(v["ok"]["jobs"].as_array().unwrap().len(), 5);
     println!("{n} jobs listed in {pages} HTTP pages of 700; 2,000 of them from the archive");
 }
+
+/// A capacity what-if from real history: four one-GPU jobs queue on a one-GPU site and run one after another;
+/// once they have finished and left for the archive, `meridian plan --add` replays them on the site with three
+/// more GPUs, and the checker's wait drops (nothing waits). The history is an
+/// administrator's: a tenant's token is refused, and a change naming no site of the federation is an error.
+#[test]
+fn plan_replays_the_recorded_history_and_added_capacity_lowers_the_wait() {
+    let f = Fed::generated_with(
+        &[SiteSpec::new("small", "owned", "A100", 1, 1.0)],
+        "retention_ms = 1000",
+        LocalOptions::default(),
+    );
+    let ids: Vec<String> = (0..4)
+        .map(|i| f.submit(&job(&format!("queued-{i}"), 1, "sleep 2")))
+        .collect();
+    for id in &ids {
+        f.wait_phase(id, "succeeded", LONG);
+    }
+    f.wait_until("finished jobs to be archived", LONG, || {
+        ids.iter().all(|id| f.job(id)["archived"] == true)
+    });
+    let fed_file = f.scratch.path().join("federation.toml");
+    let fed_arg = fed_file.to_string_lossy().to_string();
+    let out = f.cli(&[
+        "--output",
+        "json",
+        "plan",
+        "--federation",
+        &fed_arg,
+        "--days",
+        "1",
+        "--add",
+        "small:A100:3",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    println!("{}", serde_json::to_string_pretty(&r).unwrap());
+    assert_eq!(r["jobs"], 4, "every archived job is replayed: {r}");
+    let (today, changed) = (&r["today"], &r["changed"]);
+    for run in [today, changed] {
+        assert_eq!(run["violations"], 0, "{run}");
+        assert_eq!(run["unplaced"], 0, "{run}");
+    }
+    let wait = |run: &Value| run["wait_p95_s"].as_f64().unwrap();
+    assert!(
+        wait(today) >= 4.0,
+        "the jobs queued behind each other: {today}"
+    );
+    assert!(wait(changed) < 1.0, "four GPUs run them at once: {changed}");
+    // The table says the same.
+    let table = f.cli(&[
+        "plan",
+        "--federation",
+        &fed_arg,
+        "--days",
+        "1",
+        "--add",
+        "small:A100:3",
+    ]);
+    let text = String::from_utf8_lossy(&table.stdout);
+    println!("{text}");
+    assert!(
+        text.contains("wait p95 (s)") && text.contains("add 3 × A100 to small"),
+        "{text}"
+    );
+    // A change naming no site of the federation is refused with why.
+    let bad = f.cli(&["plan", "--federation", &fed_arg, "--add", "nowhere:A100:1"]);
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        err.contains("no site nowhere in the federation (its sites: small)"),
+        "{err}"
+    );
+    // The history is an administrator's.
+    let tenant = f.create_token(Some("e2e"), &["viewer"]);
+    let (status, body) = f.with_token(Some(&tenant)).get("/v1/admin/history");
+    assert_eq!(status, 403, "{body}");
+    let (status, body) = f.get("/v1/admin/history?from_ms=0");
+    assert_eq!(status, 200, "{body}");
+    let listed = body["ok"]["jobs"].as_array().unwrap();
+    assert_eq!(listed.len(), 4);
+    assert!(
+        listed
+            .iter()
+            .all(|j| j["spec"]["run"]["command"] != "sleep 2"),
+        "commands stay out of the history"
+    );
+}

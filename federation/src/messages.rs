@@ -966,6 +966,51 @@ pub struct ReportView {
     pub total: ReportRow,
 }
 
+/// Ask for the jobs submitted from `from_ms` on (all when absent), live and archived, with what a capacity
+/// what-if replays of them: their specs and how long each attempt ran. An administrator's call.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HistoryRequest {
+    #[serde(default = "v1")]
+    pub v: u32,
+    #[serde(default)]
+    pub from_ms: Option<u64>,
+}
+
+/// The jobs a [`HistoryRequest`] asked for, oldest submission first.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HistoryView {
+    /// The broker's clock when it answered (a running attempt has run until now).
+    pub now_ms: u64,
+    /// The tenancy (queues, quotas, priority classes, budgets) in force, as its file's text.
+    pub tenancy_toml: Option<String>,
+    pub jobs: Vec<HistoryJob>,
+}
+
+/// One job of the history: its spec without its run spec (commands and environment stay out of it), and
+/// its attempts.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HistoryJob {
+    pub job: JobId,
+    pub phase: JobPhase,
+    pub submitted_ms: u64,
+    pub spec: JobSpec,
+    pub runs: Vec<HistoryRun>,
+}
+
+/// One attempt of a [`HistoryJob`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HistoryRun {
+    pub attempt: u32,
+    pub site: SiteId,
+    pub model: ModelName,
+    pub started_ms: Option<u64>,
+    /// How long it ran, once it ended.
+    pub runtime_ms: u64,
+    /// Whether it has ended (its run time is final).
+    pub ended: bool,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ScaleInReply {
     /// Replicas being stopped, in the order chosen.

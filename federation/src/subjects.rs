@@ -125,6 +125,9 @@ pub mod api {
     pub const SCALE_IN: &str = "meridian.v1.api.services.scale_in";
     /// The metering ledger (`ReportRequest` → `ReportView`).
     pub const REPORT: &str = "meridian.v1.api.report";
+    /// Jobs submitted in a window with their attempts, for capacity what-ifs (`HistoryRequest` →
+    /// `HistoryView`; an administrator's call).
+    pub const HISTORY: &str = "meridian.v1.api.history";
     /// Read or replace the tenancy, with the administrator's token (`TenancyRequest` → `TenancyView`).
     pub const TENANCY: &str = "meridian.v1.api.admin.tenancy";
     /// Read or upgrade the journal's durable format, or set aside the journal message a broker cannot read

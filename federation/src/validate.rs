@@ -577,6 +577,14 @@ impl Validate for ReportRequest {
     }
 }
 
+impl Validate for HistoryRequest {
+    versioned!(HistoryRequest);
+
+    fn validate(&self) -> R {
+        Ok(())
+    }
+}
+
 impl Validate for DrainRequest {
     versioned!(DrainRequest);
 

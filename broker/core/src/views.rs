@@ -4,8 +4,8 @@ use super::latency::RttTable;
 use super::model::{Job, Site};
 use super::placement::{self, Decision, Terms};
 use meridian_federation::{
-    Amounts, AttemptView, CandidateView, ExplainView, JobPhase, JobView, PoolView, SiteId,
-    SiteView, TermsView, TimelineEvent, TimelineView,
+    Amounts, AttemptView, CandidateView, ExplainView, HistoryJob, HistoryRun, JobPhase, JobView,
+    PoolView, SiteId, SiteView, TermsView, TimelineEvent, TimelineView,
 };
 
 fn amounts(t: &Terms) -> Amounts {
@@ -178,6 +178,31 @@ pub fn explain_with(job: &Job, decision: Option<&Decision>) -> ExplainView {
         candidates,
         pruned,
         history: history(job),
+    }
+}
+
+/// A job as a capacity what-if replays it: its spec without the run spec (commands and environment are not
+/// history), and how long each attempt ran.
+pub fn history_job(job: &Job) -> HistoryJob {
+    let mut spec = job.spec.clone();
+    spec.run = Default::default();
+    HistoryJob {
+        job: job.id.clone(),
+        phase: job.phase,
+        submitted_ms: job.submitted_ms,
+        spec,
+        runs: job
+            .runs
+            .iter()
+            .map(|r| HistoryRun {
+                attempt: r.attempt,
+                site: r.site.clone(),
+                model: r.model.clone(),
+                started_ms: r.started_ms,
+                runtime_ms: r.runtime_ms,
+                ended: r.metered,
+            })
+            .collect(),
     }
 }
 

@@ -125,6 +125,10 @@ pub enum ClientCmd {
         #[arg(long, value_parser = crate::sim::parse_instant)]
         to: Option<u64>,
     },
+    /// Capacity what-if: replay the jobs of the last days (live and archived) through the simulator on today's
+    /// federation and on one changed by --add, --remove and --drain; compare wait, cost, energy, carbon and
+    /// burst (an administrator's call).
+    Plan(crate::sim::plan::PlanOptions),
 }
 
 #[derive(Subcommand, Debug)]
@@ -280,6 +284,13 @@ pub async fn run(cmd: ClientCmd, connect: &ConnectArgs, out: Output) -> anyhow::
                 return Ok(true);
             }
             print(out, &r, render::report_table)
+        }
+        ClientCmd::Plan(opts) => {
+            let from =
+                crate::service::now_ms().saturating_sub(opts.days.saturating_mul(24 * 3_600_000));
+            let history = client.history(Some(from)).await?;
+            let report = tokio::task::block_in_place(|| crate::sim::plan::plan(&opts, &history))?;
+            print(out, &report, |r| out!("{}", crate::sim::plan::table(r)))
         }
         ClientCmd::Token { what } => match what {
             TokenCmd::Create {

@@ -29,6 +29,8 @@ pub enum Call {
     Drain(String, bool),
     ScaleIn(Bytes),
     Report(Bytes),
+    /// Jobs submitted in a window, live and archived, for a capacity what-if.
+    History(Bytes),
     /// Read the tenancy, or replace it with a tenancy file's text.
     Tenancy(Option<String>),
     /// Read the journal's durable format, or upgrade it to the newest this broker knows.
@@ -62,6 +64,7 @@ impl Call {
             Call::Drain(..) => "drain",
             Call::ScaleIn(_) => "scale_in",
             Call::Report(_) => "report",
+            Call::History(_) => "history",
             Call::Tenancy(_) => "tenancy",
             Call::Format { .. } => "journal_format",
             Call::Quarantine(_) => "journal_quarantine",
@@ -514,6 +517,48 @@ async fn call_as(h: &BrokerHandle, who: &Principal, c: Call) -> Reply {
                 Err(e) => step_error(e),
             }
         }
+        Call::History(body) => {
+            if let Err(d) = who.must_be_admin("reading the job history") {
+                return denied(d);
+            }
+            let req = if body.is_empty() {
+                meridian_federation::HistoryRequest::default()
+            } else {
+                match decode_strict::<meridian_federation::HistoryRequest>(&body) {
+                    Ok(r) => r,
+                    Err(e) => return wire(e),
+                }
+            };
+            let from = req.from_ms.unwrap_or(0);
+            match h.query(Query::History(from)).await {
+                Some(Answer::History(mut jobs, tenancy_toml)) => {
+                    let live: std::collections::BTreeSet<JobId> =
+                        jobs.iter().map(|j| j.job.clone()).collect();
+                    let scanned = h
+                        .archive
+                        .scan(0, |a| {
+                            if a.job.submitted_ms >= from && !live.contains(&a.job.id) {
+                                jobs.push(meridian_core::views::history_job(&a.job));
+                            }
+                            true
+                        })
+                        .await;
+                    if let Err(e) = scanned {
+                        return archive_unavailable(e);
+                    }
+                    jobs.sort_by(|a, b| (a.submitted_ms, &a.job).cmp(&(b.submitted_ms, &b.job)));
+                    ok(
+                        200,
+                        meridian_federation::HistoryView {
+                            now_ms: super::now_ms(),
+                            tenancy_toml,
+                            jobs,
+                        },
+                    )
+                }
+                _ => unavailable(),
+            }
+        }
         Call::Metrics => {
             if let Err(d) = who.must_be_admin("reading the metrics") {
                 return denied(d);
@@ -880,6 +925,7 @@ fn nats_call(subject: &str, payload: Bytes) -> Result<(Call, Option<String>), Re
         }
         api::SUBMIT => Call::Submit(payload),
         api::REPORT => Call::Report(payload),
+        api::HISTORY => Call::History(payload),
         api::TOKEN_CREATE => Call::TokenCreate(payload),
         api::TOKEN_LIST => {
             empty(&payload)?;

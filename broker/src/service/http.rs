@@ -61,6 +61,7 @@ pub fn router(h: BrokerHandle) -> Router {
         .route("/v1/sites/{id}/drain", post(drain))
         .route("/v1/services/scale-in", post(scale_in))
         .route("/v1/report", get(report))
+        .route("/v1/admin/history", get(history))
         .route("/v1/admin/tenancy", get(get_tenancy).put(put_tenancy))
         .route("/v1/admin/journal/format", get(get_format))
         .route("/v1/admin/journal/upgrade-format", post(upgrade_format))
@@ -274,6 +275,16 @@ async fn report(
 ) -> Response {
     let bytes = query_body(q, &["from_ms", "to_ms"]);
     run(&h, &headers, Call::Report(bytes)).await
+}
+
+/// `GET /v1/admin/history?from_ms=A`: the jobs submitted from `A` on, live and archived (a `HistoryRequest`).
+async fn history(
+    State(h): State<BrokerHandle>,
+    headers: HeaderMap,
+    Query(q): Query<std::collections::BTreeMap<String, String>>,
+) -> Response {
+    let bytes = query_body(q, &["from_ms"]);
+    run(&h, &headers, Call::History(bytes)).await
 }
 
 async fn get_tenancy(State(h): State<BrokerHandle>, headers: HeaderMap) -> Response {

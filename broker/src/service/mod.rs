@@ -141,6 +141,8 @@ pub enum Query {
     Placement(JobId),
     /// The ledger of the live jobs.
     Ledger,
+    /// The live jobs submitted from this time on, for a what-if, and the tenancy in force.
+    History(u64),
     Tenancy,
     /// The journal's durable format in force.
     Format,
@@ -159,6 +161,7 @@ pub enum Answer {
     Sites(Vec<SiteView>),
     Placement(Option<(SiteId, u32)>),
     Ledger(Vec<meridian_core::ledger::LedgerEntry>),
+    History(Vec<meridian_federation::HistoryJob>, Option<String>),
     Tenancy(Option<String>),
     /// The format in force, and the journal message that keeps the broker read-only (sequence, reason).
     Format(u32, Option<(u64, String)>),
@@ -1196,6 +1199,14 @@ fn answer(
         Query::Gauges => Answer::Gauges(reactor.gauges()),
         Query::Timeline(id) => Answer::Timeline(st.jobs().get(&id).map(views::timeline)),
         Query::Tenancy => Answer::Tenancy(st.tenancy_toml().map(str::to_owned)),
+        Query::History(from) => Answer::History(
+            st.jobs()
+                .values()
+                .filter(|j| j.submitted_ms >= from)
+                .map(views::history_job)
+                .collect(),
+            st.tenancy_toml().map(str::to_owned),
+        ),
         Query::Ledger => Answer::Ledger(
             st.jobs()
                 .values()

@@ -33,6 +33,8 @@ pub struct SimJob {
 pub enum Ranking {
     Policy(Policy),
     Baseline(Baseline),
+    /// Each job's own policy (or its queue's default), as it was submitted: what a what-if replays.
+    AsSubmitted,
 }
 
 impl Ranking {
@@ -41,6 +43,7 @@ impl Ranking {
         match self {
             Ranking::Policy(p) => p.label(),
             Ranking::Baseline(b) => b.name().to_owned(),
+            Ranking::AsSubmitted => "as-submitted".to_owned(),
         }
     }
 }
@@ -103,7 +106,7 @@ pub fn run(
     };
     let baseline = match ranking {
         Ranking::Baseline(b) => Some(*b),
-        Ranking::Policy(_) => None,
+        Ranking::Policy(_) | Ranking::AsSubmitted => None,
     };
     let mut reactor = Reactor::new(config, fed.rtt.clone(), fed.regions.clone(), NullJournal)
         .with_throughput(fed.throughput.clone())

@@ -4,6 +4,7 @@
 pub mod checker;
 pub mod engine;
 pub mod federation;
+pub mod plan;
 pub mod trace;
 
 use anyhow::Context;
@@ -546,8 +547,6 @@ pub fn simulate(opts: &SimOptions) -> anyhow::Result<Simulated> {
     let run_one = |ranking: &Ranking| -> anyhow::Result<(RunReport, Vec<engine::ScheduleEntry>)> {
         let out = engine::run(&fed, &jobs, ranking, opts.start_ms, tenancy.as_deref())?;
         let checked = checker::check(&fed, &jobs, &out.schedule);
-        let mut waits = checked.waits_s.clone();
-        waits.sort_by(f64::total_cmp);
         let (slo, mean_rtt, no_replica) = match &inference {
             Some(inf) => {
                 let (slo, rtt, none) =
@@ -556,65 +555,16 @@ pub fn simulate(opts: &SimOptions) -> anyhow::Result<Simulated> {
             }
             None => (None, None, None),
         };
-        let report = RunReport {
-            policy: ranking.name(),
-            jobs: jobs.len(),
-            cost_usd: round(checked.cost_usd, 2),
-            energy_kwh: round(checked.energy_kwh, 1),
-            co2_kg: round(checked.co2_kg, 1),
-            wait_p50_s: round(percentile(&waits, 0.5), 1),
-            wait_p95_s: round(percentile(&waits, 0.95), 1),
-            slo_attainment: slo,
-            mean_rtt_ms: mean_rtt,
-            requests_without_replica: no_replica,
-            cloud_gpu_hours_share: round(
-                if checked.device_hours > 0.0 {
-                    checked.cloud_device_hours / checked.device_hours
-                } else {
-                    0.0
-                },
-                4,
-            ),
-            fragmentation: round(checked.fragmentation, 4),
-            violations: checked.violations.len(),
-            unplaced: out.unplaced.len(),
-            unplaceable: out.unplaceable.len(),
-            unplaceable_why: out
-                .unplaceable
-                .iter()
-                .fold(BTreeMap::new(), |mut m, (_, why)| {
-                    *m.entry(why.clone()).or_default() += 1;
-                    m
-                }),
-            tenants: if tenancy.is_some() {
-                checked
-                    .tenants
-                    .iter()
-                    .map(|(tenant, (waits, hours))| {
-                        let mut w = waits.clone();
-                        w.sort_by(f64::total_cmp);
-                        TenantFigures {
-                            tenant: tenant.clone(),
-                            jobs: w.len(),
-                            wait_p50_s: round(percentile(&w, 0.5), 1),
-                            wait_p95_s: round(percentile(&w, 0.95), 1),
-                            device_hours: round(*hours, 1),
-                            share: round(
-                                if checked.device_hours > 0.0 {
-                                    hours / checked.device_hours
-                                } else {
-                                    0.0
-                                },
-                                4,
-                            ),
-                        }
-                    })
-                    .collect()
-            } else {
-                Vec::new()
-            },
-            dominated_by: Vec::new(),
-        };
+        let mut report = run_report(
+            ranking.name(),
+            jobs.len(),
+            &checked,
+            &out,
+            tenancy.is_some(),
+        );
+        report.slo_attainment = slo;
+        report.mean_rtt_ms = mean_rtt;
+        report.requests_without_replica = no_replica;
         for v in checked.violations.iter().take(5) {
             tracing::warn!("{}: violation: {v}", ranking.name());
         }
@@ -658,6 +608,78 @@ pub fn simulate(opts: &SimOptions) -> anyhow::Result<Simulated> {
         schedules,
         jobs,
     ))
+}
+
+/// A run's figures from what the checker found and what the engine left unplaced (the inference figures are
+/// the caller's).
+pub fn run_report(
+    name: String,
+    jobs: usize,
+    checked: &checker::Checked,
+    out: &engine::SimOutput,
+    tenants: bool,
+) -> RunReport {
+    let mut waits = checked.waits_s.clone();
+    waits.sort_by(f64::total_cmp);
+    RunReport {
+        policy: name,
+        jobs,
+        cost_usd: round(checked.cost_usd, 2),
+        energy_kwh: round(checked.energy_kwh, 1),
+        co2_kg: round(checked.co2_kg, 1),
+        wait_p50_s: round(percentile(&waits, 0.5), 1),
+        wait_p95_s: round(percentile(&waits, 0.95), 1),
+        slo_attainment: None,
+        mean_rtt_ms: None,
+        requests_without_replica: None,
+        cloud_gpu_hours_share: round(
+            if checked.device_hours > 0.0 {
+                checked.cloud_device_hours / checked.device_hours
+            } else {
+                0.0
+            },
+            4,
+        ),
+        fragmentation: round(checked.fragmentation, 4),
+        violations: checked.violations.len(),
+        unplaced: out.unplaced.len(),
+        unplaceable: out.unplaceable.len(),
+        unplaceable_why: out
+            .unplaceable
+            .iter()
+            .fold(BTreeMap::new(), |mut m, (_, why)| {
+                *m.entry(why.clone()).or_default() += 1;
+                m
+            }),
+        tenants: if tenants {
+            checked
+                .tenants
+                .iter()
+                .map(|(tenant, (waits, hours))| {
+                    let mut w = waits.clone();
+                    w.sort_by(f64::total_cmp);
+                    TenantFigures {
+                        tenant: tenant.clone(),
+                        jobs: w.len(),
+                        wait_p50_s: round(percentile(&w, 0.5), 1),
+                        wait_p95_s: round(percentile(&w, 0.95), 1),
+                        device_hours: round(*hours, 1),
+                        share: round(
+                            if checked.device_hours > 0.0 {
+                                hours / checked.device_hours
+                            } else {
+                                0.0
+                            },
+                            4,
+                        ),
+                    }
+                })
+                .collect()
+        } else {
+            Vec::new()
+        },
+        dominated_by: Vec::new(),
+    }
 }
 
 /// The report as an aligned table.
