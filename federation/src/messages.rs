@@ -1056,6 +1056,15 @@ pub struct TokenCreateRequest {
     pub expires_in_s: Option<u64>,
 }
 
+/// Who a token speaks for: the answer to a dashboard's sign-in (`POST /v1/session`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionView {
+    /// The token's id (`admin` for the broker's bootstrap token).
+    pub who: String,
+    pub tenant: Option<TenantId>,
+    pub admin: bool,
+}
+
 /// A token as the API shows it: never the secret.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TokenView {
@@ -1307,6 +1316,13 @@ pub struct JobView {
     /// The job finished and was archived: it is read from the archive.
     #[serde(default)]
     pub archived: bool,
+    /// Why a pending job waits, as the bounded label `meridian_pending_jobs` counts it by: `not_tried`,
+    /// `requeued`, `no_site_fits`, `capacity`, `start_window`, `carbon_deferral`, `quota` or `budget`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_reason: Option<String>,
+    /// Where the job's users are (the dashboard draws running jobs as flows from them to their site).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub users: Vec<GeoPoint>,
 }
 
 /// One site as the API shows it.

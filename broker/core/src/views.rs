@@ -81,6 +81,9 @@ pub fn job_view(
         checkpoint: job.checkpoint.clone(),
         unsatisfiable: job.phase == meridian_federation::JobPhase::Pending && job.unsatisfiable,
         archived: false,
+        wait_reason: (job.phase == JobPhase::Pending)
+            .then(|| crate::observe::wait_reason(job).to_owned()),
+        users: job.spec.users.iter().map(|u| u.location).collect(),
     }
 }
 

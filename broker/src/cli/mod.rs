@@ -137,6 +137,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<bool> {
 async fn up(federation: &std::path::Path, opts: LocalOptions) -> anyhow::Result<bool> {
     let fed = tokio::task::block_in_place(|| LocalFederation::start(federation, opts))?;
     outln!("federation up: HTTP API {}", fed.http);
+    outln!("dashboard: {}", fed.dashboard_address());
     for (i, n) in fed.nats.nodes.iter().enumerate() {
         outln!("NATS node {}: {}", i + 1, n.url);
     }

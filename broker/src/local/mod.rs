@@ -350,7 +350,18 @@ impl LocalFederation {
         self.security.as_ref().map(|s| s.token.as_str())
     }
 
-    /// The shell lines that give another shell this federation's access (the one place its token is printed).
+    /// The dashboard's sign-in address: the page takes the administrator's token from the address's fragment
+    /// (never sent to the server), signs in with it and drops it from the address bar. With the export lines,
+    /// the only places the token is printed.
+    pub fn dashboard_address(&self) -> String {
+        match self.token() {
+            Some(t) => format!("{}/#token={t}", self.http),
+            None => format!("{}/", self.http),
+        }
+    }
+
+    /// The shell lines that give another shell this federation's access (with the dashboard's address, the
+    /// only places its token is printed).
     pub fn exports(&self) -> Vec<String> {
         let a = self.access();
         let mut lines = vec![format!("export MERIDIAN_NATS={}", a.nats)];

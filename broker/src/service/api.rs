@@ -47,6 +47,8 @@ pub enum Call {
     Audit(Bytes),
     /// The metrics, in the OpenMetrics text format (the body of the reply is that text, not JSON).
     Metrics,
+    /// Who the token speaks for (a dashboard's sign-in).
+    Session,
 }
 
 impl Call {
@@ -74,6 +76,38 @@ impl Call {
             Call::SiteRevoke(..) => "site_revoke",
             Call::Audit(_) => "audit",
             Call::Metrics => "metrics",
+            Call::Session => "session",
+        }
+    }
+
+    /// Whether the call only reads: the only calls a dashboard's session cookie may make (a change needs the
+    /// token in an `Authorization` header, which another site's page cannot make a browser send).
+    pub fn reads_only(&self) -> bool {
+        match self {
+            Call::ListJobs(_)
+            | Call::GetJob(_)
+            | Call::Explain(_)
+            | Call::Logs(..)
+            | Call::Timeline(_)
+            | Call::ListSites
+            | Call::Report(_)
+            | Call::History(_)
+            | Call::Tenancy(None)
+            | Call::Format { upgrade: false }
+            | Call::TokenList
+            | Call::Audit(_)
+            | Call::Metrics
+            | Call::Session => true,
+            Call::Submit(_)
+            | Call::Cancel(_)
+            | Call::Drain(..)
+            | Call::ScaleIn(_)
+            | Call::Tenancy(Some(_))
+            | Call::Format { upgrade: true }
+            | Call::Quarantine(_)
+            | Call::TokenCreate(_)
+            | Call::TokenRevoke(_)
+            | Call::SiteRevoke(..) => false,
         }
     }
 }
@@ -517,6 +551,14 @@ async fn call_as(h: &BrokerHandle, who: &Principal, c: Call) -> Reply {
                 Err(e) => step_error(e),
             }
         }
+        Call::Session => ok(
+            200,
+            meridian_federation::SessionView {
+                who: who.id.clone(),
+                tenant: who.tenant.clone(),
+                admin: who.admin,
+            },
+        ),
         Call::History(body) => {
             if let Err(d) = who.must_be_admin("reading the job history") {
                 return denied(d);

@@ -8,6 +8,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use meridian_federation::{ErrorBody, ErrorCode};
 use serde::Deserialize;
 
 /// Serves the API on `listener`: HTTPS when the broker has a certificate, plain HTTP otherwise (insecure).
@@ -72,6 +73,8 @@ pub fn router(h: BrokerHandle) -> Router {
         .route("/v1/admin/sites/{id}/restore", post(restore_site))
         .route("/v1/admin/audit", get(audit))
         .route("/metrics", get(metrics))
+        .route("/v1/session", post(sign_in).get(session).delete(sign_out))
+        .merge(super::dashboard::router())
         .fallback(no_route)
         .layer(DefaultBodyLimit::max(
             meridian_federation::MAX_MESSAGE_BYTES + 1,
@@ -81,17 +84,21 @@ pub fn router(h: BrokerHandle) -> Router {
 }
 
 async fn no_route(uri: axum::http::Uri) -> Response {
-    respond(super::api::error(meridian_federation::ErrorBody::new(
-        meridian_federation::ErrorCode::NotFound,
+    not_found(uri.path())
+}
+
+/// 404 in the API's JSON shape.
+pub(super) fn not_found(path: &str) -> Response {
+    respond(super::api::error(ErrorBody::new(
+        ErrorCode::NotFound,
         None,
-        format!("no API call at {}", uri.path()),
+        format!("no API call at {path}"),
     )))
 }
 
 /// Every error answers in the API's JSON shape, those the router and extractors make too (a wrong method, a
 /// bad path or query, a body over the limit): their plain text becomes the message.
 async fn json_errors(response: Response) -> Response {
-    use meridian_federation::{ErrorBody, ErrorCode};
     let status = response.status();
     let is_json = response
         .headers()
@@ -167,9 +174,91 @@ fn bearer(headers: &HeaderMap) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// The dashboard's session cookie: the token itself, `HttpOnly` (no script reads it), `SameSite=Strict` (no
+/// other site's page makes the browser send it) and `Secure`.
+const SESSION_COOKIE: &str = "meridian_session";
+/// How long a dashboard session lasts (the token's own expiry and revocation still apply).
+const SESSION_MAX_AGE_S: u64 = 12 * 3600;
+
+/// The token of the dashboard's session cookie.
+fn session_cookie(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .find_map(|c| c.trim().strip_prefix(SESSION_COOKIE)?.strip_prefix('='))
+        .filter(|t| !t.is_empty())
+        .map(str::to_owned)
+}
+
+/// The token a call is made with: the `Authorization` header's; for a call that only reads, else the session
+/// cookie's.
+fn token_for(headers: &HeaderMap, c: &Call) -> Option<String> {
+    bearer(headers).or_else(|| c.reads_only().then(|| session_cookie(headers)).flatten())
+}
+
+/// `POST /v1/session` with `Authorization: Bearer TOKEN`: signs a browser in. The token is checked; the reply
+/// (a `SessionView`) sets the session cookie the dashboard reads with.
+async fn sign_in(State(h): State<BrokerHandle>, headers: HeaderMap) -> Response {
+    let Some(token) = bearer(&headers) else {
+        return respond(super::api::error(ErrorBody::new(
+            ErrorCode::Unauthenticated,
+            None,
+            "signing in needs the token in an Authorization: Bearer header".to_owned(),
+        )));
+    };
+    // A token is `mrd_<id>_<secret>` (or the bootstrap token): nothing that could break out of a cookie.
+    if !token
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "-_.~+/=".contains(c))
+    {
+        return respond(super::api::error(ErrorBody::new(
+            ErrorCode::Unauthenticated,
+            None,
+            "the token holds characters no token has".to_owned(),
+        )));
+    }
+    let reply = call(&h, Some(&token), Call::Session).await;
+    let ok = reply.0 == 200;
+    let mut response = respond(reply);
+    if ok {
+        let cookie = format!(
+            "{SESSION_COOKIE}={token}; Path=/; HttpOnly; Secure; SameSite=Strict; Max-Age={SESSION_MAX_AGE_S}"
+        );
+        if let Ok(v) = axum::http::HeaderValue::from_str(&cookie) {
+            response.headers_mut().insert(header::SET_COOKIE, v);
+        }
+    }
+    response
+}
+
+/// `GET /v1/session`: who the session (or the `Authorization` header) speaks for.
+async fn session(State(h): State<BrokerHandle>, headers: HeaderMap) -> Response {
+    run(&h, &headers, Call::Session).await
+}
+
+/// `DELETE /v1/session`: signs the browser out (the cookie is cleared; the token itself stays valid).
+async fn sign_out() -> Response {
+    (
+        StatusCode::NO_CONTENT,
+        [(
+            header::SET_COOKIE,
+            format!("{SESSION_COOKIE}=; Path=/; HttpOnly; Secure; SameSite=Strict; Max-Age=0"),
+        )],
+    )
+        .into_response()
+}
+
 /// `GET /metrics`: the OpenMetrics text Prometheus scrapes, for an administrator's token (errors in JSON).
 async fn metrics(State(h): State<BrokerHandle>, headers: HeaderMap) -> Response {
-    match call(&h, bearer(&headers).as_deref(), Call::Metrics).await {
+    match call(
+        &h,
+        token_for(&headers, &Call::Metrics).as_deref(),
+        Call::Metrics,
+    )
+    .await
+    {
         (200, text) => (
             [(
                 header::CONTENT_TYPE,
@@ -184,7 +273,8 @@ async fn metrics(State(h): State<BrokerHandle>, headers: HeaderMap) -> Response 
 
 /// Carries out a call for the caller the request's token names.
 async fn run(h: &BrokerHandle, headers: &HeaderMap, c: Call) -> Response {
-    respond(call(h, bearer(headers).as_deref(), c).await)
+    let token = token_for(headers, &c);
+    respond(call(h, token.as_deref(), c).await)
 }
 
 async fn submit(State(h): State<BrokerHandle>, headers: HeaderMap, body: Bytes) -> Response {

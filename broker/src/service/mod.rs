@@ -7,6 +7,7 @@ pub mod archive;
 pub mod audit;
 pub mod auth;
 pub mod authz;
+pub mod dashboard;
 pub mod http;
 pub mod journal;
 pub mod lease;
