@@ -197,13 +197,17 @@ function overviewSkeleton() {
 function ringsPath(rings) {
   let d = "";
   for (const ring of rings) {
+    // A ring that crosses the antimeridian is unwrapped (its far side continues past the map's edge, where the
+    // view clips it) rather than drawn back across the map.
+    let shift = 0;
     let prev = null;
-    for (const p of ring) {
-      const [x, y] = project(p);
-      // A ring that crosses the antimeridian is broken there rather than drawn across the map.
-      d += prev === null || Math.abs(p[0] - prev[0]) > 180 ? `M${x.toFixed(1)},${y.toFixed(1)}` : `L${x.toFixed(1)},${y.toFixed(1)}`;
+    ring.forEach((p, i) => {
+      if (prev !== null && p[0] - prev[0] > 180) shift -= 360;
+      if (prev !== null && p[0] - prev[0] < -180) shift += 360;
       prev = p;
-    }
+      const [x, y] = project([p[0] + shift, p[1]]);
+      d += `${i ? "L" : "M"}${x.toFixed(1)},${y.toFixed(1)}`;
+    });
     d += "Z";
   }
   return d;
