@@ -7,8 +7,8 @@ use crate::data;
 use crate::local::{LocalFederation, LocalOptions};
 use anyhow::Context;
 use meridian_federation::{
-    AcceleratorKind, GeoPoint, JobId, JobKind, JobPhase, JobSpec, JobView, Policy, Resources,
-    TenantId, UserLocation,
+    AcceleratorKind, GeoPoint, JobId, JobKind, JobPhase, JobSpec, JobView, Policy, QueueName,
+    Resources, SiteId, TenantId, UserLocation,
 };
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -104,10 +104,16 @@ struct Row {
     job: JobId,
     name: String,
     kind: &'static str,
+    /// What the job is in the demo for: `batch` (the trace), `service`, `eu`, `interns` or `deadline`.
+    role: &'static str,
     site: String,
+    tier: String,
     policy: String,
     why: String,
     phase: &'static str,
+    /// Why it waited, as the labels of `meridian_pending_jobs`, in the order first seen.
+    waited_on: Vec<String>,
+    wait_s: Option<f64>,
     est_cost_usd: f64,
     est_kwh: f64,
     est_kg_co2e: f64,
@@ -123,6 +129,9 @@ struct Summary {
     source: String,
     compression_factor: f64,
     jobs: Vec<Row>,
+    /// What the run shows, one line per thing Meridian decided.
+    decided: Decided,
+    dashboard: String,
     total_est_cost_usd: f64,
     total_est_kwh: f64,
     total_est_kg_co2e: f64,
@@ -133,9 +142,24 @@ struct Summary {
     batch_total: usize,
 }
 
+/// The demo's scenes, each as lines of the jobs that show it.
+#[derive(Serialize, Default)]
+struct Decided {
+    /// Jobs that waited their max_wait with owned capacity full and ran on a cloud site.
+    burst: Vec<String>,
+    /// EU-resident jobs and where they ran.
+    eu_residency: Vec<String>,
+    /// The deadline job: deferred to a cleaner hour (or where it ran).
+    deferred: Vec<String>,
+    /// Inference services and where their replicas run, with their users' round trip.
+    inference: Vec<String>,
+    /// The interns' queue: its jobs waited on its quota.
+    quota: Vec<String>,
+}
+
 #[derive(Debug, clap::Args)]
 pub struct DemoOptions {
-    #[arg(long, default_value = "configs/federation-demo.toml")]
+    #[arg(long, default_value = "configs/demo/federation.toml")]
     pub federation: PathBuf,
     /// Workload used when the shared trace data is absent (and for the inference services).
     #[arg(long, default_value = "configs/demo-workload.toml")]
@@ -143,11 +167,17 @@ pub struct DemoOptions {
     /// Batch jobs taken from the trace.
     #[arg(long, default_value_t = 12)]
     pub jobs: usize,
+    /// Leave the federation up afterwards (services running, the deferred job waiting) to look at on the
+    /// dashboard, until Ctrl-C or SIGTERM.
+    #[arg(long)]
+    pub keep: bool,
     /// Print JSON (set from `--output json`).
     #[arg(skip)]
     pub json: bool,
 }
 
+/// A demo job of the `demo` tenant: its expected duration is `duration_s`; it waits at most `MAX_WAIT_S` for
+/// owned capacity before it may burst.
 fn spec(
     name: &str,
     kind: JobKind,
@@ -159,8 +189,65 @@ fn spec(
     let mut s = JobSpec::new(tenant, format!("demo-{name}"), kind, resources, command);
     s.name = Some(name.to_owned());
     s.duration_s = Some(duration_s);
-    s.max_wait_s = 30;
+    s.max_wait_s = MAX_WAIT_S;
     s
+}
+
+fn gpus(count: u32, milli: Option<u32>) -> Resources {
+    Resources {
+        kind: AcceleratorKind::Gpu,
+        models: vec![],
+        count: if milli.is_some() { 0 } else { count },
+        milli,
+        memory_mib: None,
+        model_memory_mib: Default::default(),
+        same_node: false,
+        mig: None,
+    }
+}
+
+/// How long a demo job waits for owned capacity before it may burst to the cloud, seconds.
+const MAX_WAIT_S: u64 = 3;
+/// The site the deadline job is pinned to: its forecast has cleaner hours ahead.
+const DEFER_SITE: &str = "dc-california";
+
+/// The jobs that show residency, quotas and deferral, beside the trace's batch jobs.
+fn scene_jobs(now_ms: u64) -> anyhow::Result<Vec<(&'static str, JobSpec)>> {
+    let mut out = Vec::new();
+    for i in 1..=2 {
+        let mut s = spec(
+            &format!("eu-etl-{i}"),
+            JobKind::Batch,
+            gpus(1, None),
+            1800,
+            "echo \"EU data on $MERIDIAN_SITE_ID\"; sleep 5".into(),
+        );
+        s.constraints.residency = Some("eu".into());
+        out.push(("eu", s));
+    }
+    for i in 1..=3 {
+        let mut s = spec(
+            &format!("intern-{i}"),
+            JobKind::FineTune,
+            gpus(1, None),
+            600,
+            "echo \"intern run on $MERIDIAN_SITE_ID\"; sleep 4".into(),
+        );
+        s.queue = Some(QueueName::new("interns"));
+        out.push(("interns", s));
+    }
+    let mut s = spec(
+        "nightly-report",
+        JobKind::Batch,
+        gpus(1, None),
+        3600,
+        "echo report; sleep 2".into(),
+    );
+    s.policy = Some(Policy::Green);
+    s.constraints.sites = vec![SiteId::new(DEFER_SITE)?];
+    s.window.deadline_ms = Some(now_ms + 10 * 3_600_000);
+    out.push(("deadline", s));
+    Ok(out)
 }
 
 pub async fn run(opts: DemoOptions) -> anyhow::Result<bool> {
@@ -218,8 +305,10 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<bool> {
             fed.nats_url(),
             fed.http
         );
+        println!("Dashboard: {}", fed.dashboard_address());
         println!(
-            "Workload: {} batch jobs from {source}; {} inference services",
+            "Workload: {} batch jobs from {source}; {} inference services; 2 EU-resident jobs, 3 jobs in a \
+             queue with a one-GPU quota, one job with a deadline",
             batch.len(),
             fallback.services.len()
         );
@@ -229,7 +318,7 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<bool> {
         );
     }
 
-    let mut ids = Vec::new();
+    let mut ids: Vec<(JobId, &'static str)> = Vec::new();
     // Services first: they are long-lived and latency-bound, so they get the edge rooms near their users.
     for svc in &fallback.services {
         let users = svc
@@ -248,23 +337,17 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<bool> {
         let mut s = spec(
             &svc.name,
             JobKind::Inference,
-            Resources {
-                kind: AcceleratorKind::Gpu,
-                models: vec![],
-                count: 0,
-                milli: Some(500),
-                memory_mib: None,
-                model_memory_mib: Default::default(),
-                same_node: false,
-                mig: None,
-            },
+            gpus(0, Some(500)),
             3600,
             "echo serving on $MERIDIAN_SITE_ID; while true; do sleep 1; done".into(),
         );
         s.users = users;
-        ids.push((client.submit(&s).await?.job, true));
+        s.policy = Some(Policy::Latency);
+        ids.push((client.submit(&s).await?.job, "service"));
     }
-
+    for (role, s) in scene_jobs(crate::service::now_ms())? {
+        ids.push((client.submit(&s).await?.job, role));
+    }
     let policies = [Policy::Balanced, Policy::Green, Policy::Cost];
     for (i, b) in batch.iter().enumerate() {
         let run_s = (b.duration_s as f64 / factor).max(1.0);
@@ -273,43 +356,53 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<bool> {
             (None, g) if g >= 4 => JobKind::Training,
             _ => JobKind::FineTune,
         };
-        let resources = Resources {
-            kind: AcceleratorKind::Gpu,
-            models: vec![],
-            count: if b.milli.is_some() { 0 } else { b.gpus },
-            milli: b.milli,
-            memory_mib: None,
-            model_memory_mib: Default::default(),
-            same_node: false,
-            mig: None,
-        };
         let mut s = spec(
             &b.name,
             kind,
-            resources,
+            gpus(b.gpus, b.milli),
             b.duration_s,
             format!("echo \"$MERIDIAN_JOB_ID on $MERIDIAN_SITE_ID devices $MERIDIAN_DEVICES\"; sleep {run_s:.2}; echo done"),
         );
         s.policy = Some(policies[i % policies.len()].clone());
-        ids.push((client.submit(&s).await?.job, false));
+        ids.push((client.submit(&s).await?.job, "batch"));
     }
-    // Wait for the batch work to finish and the services to run.
-    let deadline = Instant::now() + Duration::from_secs(90);
+    let role_of = |id: &JobId| {
+        ids.iter()
+            .find(|(j, _)| j == id)
+            .map_or("other", |(_, r)| *r)
+    };
+    // Until the batch and scene work is done (the deadline job deferred or done) and the services run,
+    // noting why each job waits as it does.
+    let mut waited: std::collections::BTreeMap<JobId, Vec<String>> = Default::default();
+    let deadline = Instant::now() + Duration::from_secs(120);
     let views = loop {
         let views = client.jobs().await?;
-        let done = views.iter().all(|v| {
-            let service = ids.iter().any(|(id, s)| *s && *id == v.job);
-            if service {
-                v.phase == JobPhase::Running
-            } else {
-                v.phase.is_terminal()
+        for v in &views {
+            if let Some(r) = &v.wait_reason {
+                let seen = waited.entry(v.job.clone()).or_default();
+                if !seen.contains(r) && r != "not_tried" {
+                    seen.push(r.clone());
+                }
             }
+        }
+        let done = views.iter().all(|v| match role_of(&v.job) {
+            "service" => v.phase == JobPhase::Running,
+            "deadline" => {
+                v.phase.is_terminal() || v.wait_reason.as_deref() == Some("carbon_deferral")
+            }
+            _ => v.phase.is_terminal(),
         });
         if done || Instant::now() > deadline {
             break views;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
+    let tiers: std::collections::BTreeMap<String, String> = client
+        .sites()
+        .await?
+        .into_iter()
+        .map(|s| (s.site.to_string(), s.tier.as_str().to_owned()))
+        .collect();
     let mut rows = Vec::new();
     for v in &views {
         let explain = client.explain(&v.job).await?;
@@ -319,33 +412,38 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<bool> {
             .filter(|c| c.terms.is_some())
             .count();
         let ruled_out: usize = explain.pruned.iter().map(|p| p.sites).sum();
-        let why = match &v.site {
-            Some(site) => {
-                let tier = explain
-                    .candidates
-                    .iter()
-                    .find(|c| c.chosen)
-                    .map(|c| c.tier.as_str())
-                    .unwrap_or("-");
-                format!(
-                    "{site} ({tier}): best by {}; {scored} scored, {ruled_out} ruled out by bounds",
-                    explain.policy
-                )
-            }
-            None => v.why.clone(),
+        let why = match (&v.site, v.phase) {
+            (Some(site), p) if p != JobPhase::Pending => format!(
+                "{site}: best by {}; {scored} scored, {ruled_out} ruled out by bounds",
+                explain.policy
+            ),
+            _ => v.why.clone(),
         };
-        rows.push(row(v, explain.policy, why, factor));
+        let tier = v
+            .site
+            .as_ref()
+            .and_then(|s| tiers.get(s.as_str()))
+            .cloned()
+            .unwrap_or_else(|| "-".into());
+        let seen = waited.remove(&v.job).unwrap_or_default();
+        // Only the trace's batch jobs run compressed.
+        let role = role_of(&v.job);
+        let scale = if role == "batch" { factor } else { 1.0 };
+        rows.push(row(v, role, tier, explain.policy, why, seen, scale));
     }
-    for (id, service) in &ids {
-        if *service {
-            let _ = client.cancel(id).await;
-        }
-    }
-    let batch_total = ids.iter().filter(|(_, s)| !s).count();
-    let batch_succeeded = views
+    let decided = decided(&rows);
+    let dashboard = fed.dashboard_address();
+    let batch_total = rows.iter().filter(|r| r.role == "batch").count();
+    let batch_succeeded = rows
         .iter()
-        .filter(|v| ids.iter().any(|(id, s)| !s && *id == v.job) && v.phase == JobPhase::Succeeded)
+        .filter(|r| r.role == "batch" && r.phase == JobPhase::Succeeded.as_str())
         .count();
+    let scenes_ok = rows.iter().all(|r| match r.role {
+        "eu" | "interns" => r.phase == JobPhase::Succeeded.as_str(),
+        "deadline" => r.phase != JobPhase::Failed.as_str(),
+        "service" => r.phase == JobPhase::Running.as_str(),
+        _ => true,
+    });
     let sum = |f: fn(&Row) -> f64| rows.iter().map(f).sum::<f64>();
     let summary = Summary {
         source,
@@ -358,41 +456,159 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<bool> {
         total_metered_kg_co2e: sum(|r| r.metered_kg_co2e),
         batch_succeeded,
         batch_total,
+        decided,
+        dashboard,
         jobs: rows,
     };
-    // Give the services a moment to stop before the federation goes down.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    drop(client);
-    tokio::task::block_in_place(|| drop(fed));
     if opts.json {
         println!("{}", serde_json::to_string_pretty(&summary)?);
     } else {
         print_table(&summary);
+        print_decided(&summary.decided);
         println!(
-            "\nBatch jobs succeeded: {}/{}. Finished in {:.1} s; federation stopped.",
+            "\nBatch jobs succeeded: {}/{}. Ran in {:.1} s.",
             summary.batch_succeeded,
             summary.batch_total,
             started.elapsed().as_secs_f64()
         );
     }
-    Ok(summary.batch_succeeded == summary.batch_total)
+    if opts.keep {
+        if !opts.json {
+            println!(
+                "The federation stays up (services running, the deadline job waiting): dashboard {}\n\
+                 Ctrl-C or SIGTERM stops it.",
+                summary.dashboard
+            );
+        }
+        let mut sigterm =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            r = tokio::signal::ctrl_c() => r?,
+            _ = sigterm.recv() => {}
+        }
+    } else {
+        for (id, role) in &ids {
+            if matches!(*role, "service" | "deadline") {
+                let _ = client.cancel(id).await;
+            }
+        }
+        // Give the services a moment to stop before the federation goes down.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    drop(client);
+    tokio::task::block_in_place(|| drop(fed));
+    if !opts.json {
+        println!("Federation stopped.");
+    }
+    Ok(summary.batch_succeeded == summary.batch_total && scenes_ok)
 }
 
-fn row(v: &JobView, policy: String, why: String, factor: f64) -> Row {
+/// What each scene of the run shows, from the jobs' rows.
+fn decided(rows: &[Row]) -> Decided {
+    let mut d = Decided::default();
+    for r in rows {
+        let wait = r
+            .wait_s
+            .map_or_else(|| "-".to_owned(), |w| format!("{w:.1} s"));
+        match r.role {
+            "service" => d.inference.push(format!(
+                "{} → {} ({}), users' round trip {} ms",
+                r.name,
+                r.site,
+                r.tier,
+                r.user_rtt_ms
+                    .map_or_else(|| "-".to_owned(), |x| format!("{x:.1}"))
+            )),
+            "eu" => d.eu_residency.push(format!(
+                "{} (residency eu) → {} ({}), {}",
+                r.name, r.site, r.tier, r.phase
+            )),
+            "deadline" => d.deferred.push(format!("{}: {}", r.name, r.why)),
+            "interns" => d.quota.push(format!(
+                "{} (queue interns, quota 1 GPU) waited {wait} on {} → {}",
+                r.name,
+                if r.waited_on.is_empty() {
+                    "nothing".to_owned()
+                } else {
+                    r.waited_on.join(", ")
+                },
+                r.site
+            )),
+            _ => {}
+        }
+        if r.tier == "cloud" && r.role != "service" {
+            d.burst.push(format!(
+                "{} waited {wait} ({}) → {} (cloud)",
+                r.name,
+                if r.waited_on.is_empty() {
+                    "no owned site fits it".to_owned()
+                } else {
+                    r.waited_on.join(", ")
+                },
+                r.site
+            ));
+        }
+    }
+    d
+}
+
+fn print_decided(d: &Decided) {
+    println!("\nWhat Meridian decided:");
+    let scenes: [(&str, &Vec<String>, &str); 5] = [
+        (
+            "Burst to the cloud",
+            &d.burst,
+            "no job burst: owned capacity sufficed",
+        ),
+        ("EU residency", &d.eu_residency, "no EU-resident job"),
+        (
+            "Deferred to a cleaner hour",
+            &d.deferred,
+            "no job with a deadline",
+        ),
+        ("Inference near its users", &d.inference, "no service"),
+        ("Waiting on a quota", &d.quota, "no queue with a quota"),
+    ];
+    for (title, lines, none) in scenes {
+        println!("  {title}:");
+        if lines.is_empty() {
+            println!("    {none}");
+        }
+        for l in lines {
+            println!("    {l}");
+        }
+    }
+}
+
+fn row(
+    v: &JobView,
+    role: &'static str,
+    tier: String,
+    policy: String,
+    why: String,
+    waited_on: Vec<String>,
+    factor: f64,
+) -> Row {
     let usd = |micro: u64| micro as f64 / 1e6;
     let est = v.estimate.unwrap_or_default();
     Row {
         job: v.job.clone(),
         name: v.name.clone().unwrap_or_default(),
         kind: v.kind.as_str(),
+        role,
         site: v
             .site
             .as_ref()
             .map(ToString::to_string)
             .unwrap_or_else(|| "-".into()),
+        tier,
         policy,
         why,
         phase: v.phase.as_str(),
+        waited_on,
+        wait_s: v
+            .started_at_ms
+            .map(|s| s.saturating_sub(v.submitted_at_ms) as f64 / 1000.0),
         est_cost_usd: usd(est.cost_micro_usd),
         est_kwh: est.energy_wh as f64 / 1000.0,
         est_kg_co2e: est.co2_g as f64 / 1000.0,
@@ -406,14 +622,14 @@ fn row(v: &JobView, policy: String, why: String, factor: f64) -> Row {
 
 fn print_table(s: &Summary) {
     println!(
-        "{:<9} {:<15} {:<10} {:<16} {:<10} {:>9} {:>8} {:>9} {:>7} {:>6} {:>10}  WHY",
+        "{:<9} {:<15} {:<8} {:<17} {:<10} {:>6} {:>9} {:>9} {:>7} {:>6} {:>10}  WHY",
         "JOB",
         "NAME",
-        "KIND",
+        "ROLE",
         "SITE",
         "STATE",
+        "WAIT s",
         "EST $",
-        "EST kWh",
         "EST kgCO2",
         "RTT ms",
         "RUN s",
@@ -421,14 +637,15 @@ fn print_table(s: &Summary) {
     );
     for r in &s.jobs {
         println!(
-            "{:<9} {:<15} {:<10} {:<16} {:<10} {:>9.2} {:>8.1} {:>9.2} {:>7} {:>6.1} {:>10.2}  {}",
+            "{:<9} {:<15} {:<8} {:<17} {:<10} {:>6} {:>9.2} {:>9.2} {:>7} {:>6.1} {:>10.2}  {}",
             r.job.as_str(),
             truncate(&r.name, 15),
-            r.kind,
+            r.role,
             r.site,
             r.phase,
+            r.wait_s
+                .map_or_else(|| "-".to_owned(), |w| format!("{w:.1}")),
             r.est_cost_usd,
-            r.est_kwh,
             r.est_kg_co2e,
             r.user_rtt_ms
                 .map(|x| format!("{x:.1}"))
@@ -439,22 +656,16 @@ fn print_table(s: &Summary) {
         );
     }
     println!(
-        "{:<63} {:>9.2} {:>8.1} {:>9.2} {:>7} {:>6} {:>10.2}",
-        "TOTAL",
-        s.total_est_cost_usd,
-        s.total_est_kwh,
-        s.total_est_kg_co2e,
-        "",
-        "",
-        s.total_metered_cost_usd
+        "{:<70} {:>9.2} {:>9.2} {:>7} {:>6} {:>10.2}",
+        "TOTAL", s.total_est_cost_usd, s.total_est_kg_co2e, "", "", s.total_metered_cost_usd
     );
     println!(
-        "\nEST columns are placement estimates for each job's full trace duration (inference: one hour).\n\
-         RUN s is the metered wall-clock run; METERED $ is metered cost × the compression factor {:.0}.\n\
-         The jobs are `sleep`s, which run no faster on faster GPUs, while estimates scale run time by the\n\
-         throughput table (configs/throughput.toml): on H100 sites metered figures exceed estimates by that factor.\n\
-         Metered for the compressed runs themselves: {:.1} Wh and {:.1} gCO2e. Inference services were cancelled at the end.",
-        s.compression_factor, s.total_metered_kwh * 1000.0 / s.compression_factor, s.total_metered_kg_co2e * 1000.0 / s.compression_factor
+        "\nEST columns are placement estimates for each job's full duration (inference: one hour). RUN s is the\n\
+         metered wall-clock run; METERED $ is metered cost, × the compression factor {:.0} for the trace's batch\n\
+         jobs. The jobs are `sleep`s, which run no faster on faster GPUs, while estimates scale run time by the\n\
+         throughput table (configs/throughput.toml). Services and the deadline job are cancelled at the end\n\
+         (unless --keep).",
+        s.compression_factor
     );
 }
 

@@ -297,6 +297,22 @@ pub struct Job {
     /// omits the attempt means the site no longer has it.
     #[serde(default)]
     pub accepted: Option<meridian_federation::InventoryMark>,
+    /// Why it waited at its last try (soft state: see [`WaitLabel`]).
+    #[serde(skip)]
+    pub waited_on: WaitLabel,
+}
+
+/// Why a waiting job waited at its last try, as a bounded label (`observe::wait_label`), for the views and the
+/// metrics: a waiting job keeps no decision (see `Reactor::explain`). Soft state: neither snapshotted nor
+/// journaled, and left out of equality (a restored broker knows it again when it next tries the job; until
+/// then the job counts as not tried).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WaitLabel(pub Option<&'static str>);
+
+impl PartialEq for WaitLabel {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 impl Job {
@@ -327,6 +343,7 @@ impl Job {
             runs: Vec::new(),
             unsatisfiable: false,
             accepted: None,
+            waited_on: WaitLabel::default(),
         }
     }
 

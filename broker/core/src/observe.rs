@@ -103,23 +103,29 @@ impl PreemptReason {
     }
 }
 
-/// Why a pending job waits, as a bounded label.
+/// Why a pending job waits, as a bounded label: why it waited at its last try, `requeued` for a job back in
+/// the queue since, `not_tried` before its first try (or since a restart).
 pub fn wait_reason(job: &Job) -> &'static str {
-    use crate::placement::{Outcome, Wait};
     if job.unsatisfiable {
         return "no_site_fits";
     }
-    match job.decision.as_ref().map(|d| &d.outcome) {
-        None => "not_tried",
-        Some(Outcome::Place(_)) => "requeued",
-        Some(Outcome::Wait(w)) => match w {
-            Wait::NoSiteFits { .. } => "no_site_fits",
-            Wait::Busy { .. } => "capacity",
-            Wait::NotBefore { .. } => "start_window",
-            Wait::Deferred { .. } => "carbon_deferral",
-            Wait::Quota(_) => "quota",
-            Wait::Budget { .. } => "budget",
-        },
+    match (job.waited_on.0, job.attempt) {
+        (Some(label), _) => label,
+        (None, 0) => "not_tried",
+        (None, _) => "requeued",
+    }
+}
+
+/// The label of a wait.
+pub fn wait_label(w: &crate::placement::Wait) -> &'static str {
+    use crate::placement::Wait;
+    match w {
+        Wait::NoSiteFits { .. } => "no_site_fits",
+        Wait::Busy { .. } => "capacity",
+        Wait::NotBefore { .. } => "start_window",
+        Wait::Deferred { .. } => "carbon_deferral",
+        Wait::Quota(_) => "quota",
+        Wait::Budget { .. } => "budget",
     }
 }
 

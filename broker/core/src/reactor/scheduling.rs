@@ -238,6 +238,7 @@ impl<J: Journal> Reactor<J> {
                     }
                     job.why = why;
                     job.retry_at_ms = None;
+                    job.waited_on = crate::model::WaitLabel(Some("quota"));
                 }
                 false
             }
@@ -363,6 +364,7 @@ impl<J: Journal> Reactor<J> {
         };
         job.retry_at_ms = wait.retry_at(now).or(next_refusal);
         job.unsatisfiable = matches!(wait, placement::Wait::NoSiteFits { .. });
+        job.waited_on = crate::model::WaitLabel(Some(crate::observe::wait_label(wait)));
         // A waiting job keeps only why it waits: its candidates are worked out again when it is explained (see
         // `Reactor::explain`), so a deep queue costs little memory.
         drop(decision);
@@ -398,6 +400,7 @@ impl<J: Journal> Reactor<J> {
         };
         job.attempt += 1;
         job.phase = JobPhase::Offered;
+        job.waited_on = crate::model::WaitLabel::default();
         job.unsatisfiable = false;
         self.state.offered.insert(id.clone());
         self.state.waiting.remove(id);

@@ -523,3 +523,52 @@ fn jobs_of_a_removed_queue_wait_for_a_queue_and_ordering_survives_it() {
         .unwrap();
     assert!(waiting.why.contains("waits for a queue"), "{}", waiting.why);
 }
+
+/// A waiting job says why it waited at its last try (the views' `wait_reason`, the metrics' pending reasons):
+/// quota, then capacity once the quota is gone; a restored state, which has not tried it yet, says `not_tried`.
+#[test]
+fn a_waiting_job_says_why_it_waited_at_its_last_try() {
+    let mut env = TestEnv::new(trio());
+    env.set_tenancy(COHORT);
+    for i in 0..17 {
+        env.submit(tenant_job("team-a", &format!("a{i}")));
+        env.advance(10);
+        run_all(&mut env);
+    }
+    let reason = |env: &TestEnv| crate::observe::wait_reason(first_pending(env));
+    assert_eq!(reason(&env), "quota");
+    let view = crate::views::job_view(
+        first_pending(&env),
+        env.reactor.state().sites(),
+        env.reactor.rtt(),
+    );
+    assert_eq!(view.wait_reason.as_deref(), Some("quota"));
+    // With quota to spare, the federation's 24 GPUs are what it waits for.
+    env.set_tenancy(
+        "[[queues]]\nname = \"team-a\"\ntenant = \"team-a\"\nquota = { \"gpu:*\" = 100 }\n",
+    );
+    for i in 0..8 {
+        env.submit(tenant_job("team-a", &format!("b{i}")));
+        env.advance(10);
+        run_all(&mut env);
+    }
+    env.advance(10);
+    assert_eq!(reason(&env), "capacity");
+    // Soft state: a broker restored from a snapshot has not tried the job yet.
+    let json = serde_json::to_vec(&env.reactor.state().snapshot(0, env.now)).unwrap();
+    let snap: crate::snapshot::Snapshot = serde_json::from_slice(&json).unwrap();
+    let mut restored = crate::reactor::Reactor::new(
+        env.reactor.config().clone(),
+        env.reactor.rtt().clone(),
+        Default::default(),
+        crate::journal::MemoryJournal::default(),
+    );
+    restored.restore(snap);
+    let job = restored
+        .state()
+        .jobs()
+        .values()
+        .find(|j| j.phase == JobPhase::Pending)
+        .unwrap();
+    assert_eq!(crate::observe::wait_reason(job), "not_tried");
+}
