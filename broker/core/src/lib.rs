@@ -29,6 +29,22 @@ pub mod views;
 /// Milliseconds since the Unix epoch.
 pub type Millis = u64;
 
+/// An instant as people read it in an explanation: `2026-12-02T04:00Z` (UTC, to the minute).
+pub fn utc(ms: Millis) -> String {
+    let seconds = i64::try_from(ms / 1000).unwrap_or(i64::MAX);
+    match time::OffsetDateTime::from_unix_timestamp(seconds) {
+        Ok(t) => format!(
+            "{:04}-{:02}-{:02}T{:02}:{:02}Z",
+            t.year(),
+            u8::from(t.month()),
+            t.day(),
+            t.hour(),
+            t.minute()
+        ),
+        Err(_) => format!("{ms} ms after the epoch"),
+    }
+}
+
 /// Serde for a float that may be NaN: JSON has no NaN, so it is stored as null and read back as NaN.
 pub(crate) mod nan_as_null {
     use serde::{Deserialize, Deserializer, Serializer};

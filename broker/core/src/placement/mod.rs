@@ -302,7 +302,9 @@ impl fmt::Display for Wait {
                 *ms as f64 / 1000.0
             ),
             Wait::Busy { burst_in_ms: None } => write!(f, "all sites that fit are busy"),
-            Wait::NotBefore { at_ms } => write!(f, "start window opens at {at_ms}"),
+            Wait::NotBefore { at_ms } => {
+                write!(f, "start window opens at {}", crate::utc(*at_ms))
+            }
             Wait::Deferred {
                 site,
                 until_ms,
@@ -310,11 +312,16 @@ impl fmt::Display for Wait {
                 then_g_per_kwh,
             } => write!(
                 f,
-                "deferred to {until_ms} for lower carbon at {site}: {then_g_per_kwh:.0} instead of {now_g_per_kwh:.0} gCO2e/kWh; the deadline still holds"
+                "deferred to {} for lower carbon at {site}: {then_g_per_kwh:.0} instead of {now_g_per_kwh:.0} gCO2e/kWh; the deadline still holds",
+                crate::utc(*until_ms)
             ),
             Wait::Quota(why) => f.write_str(why),
             Wait::Budget { why, until_ms } => {
-                write!(f, "held until the budget period ends at {until_ms}: {why}")
+                write!(
+                    f,
+                    "held until the budget period ends at {}: {why}",
+                    crate::utc(*until_ms)
+                )
             }
         }
     }

@@ -221,8 +221,9 @@ fn a_held_job_waits_for_the_next_budget_period_and_then_runs() {
     assert_eq!(env.phase(&held), JobPhase::Pending);
     let job = &env.reactor.state().jobs[&held];
     assert!(
-        job.why
-            .contains("held until the budget period ends at 86400000: over budget: tenant team-a"),
+        job.why.contains(
+            "held until the budget period ends at 1970-01-02T00:00Z: over budget: tenant team-a"
+        ),
         "{}",
         job.why
     );
