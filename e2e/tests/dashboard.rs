@@ -1,8 +1,10 @@
 //! The operator dashboard in a real browser: Debian's headless Chromium, driven through ChromeDriver's WebDriver
 //! protocol, trusting the local federation's development CA (an NSS database of its own), signs in with the
 //! address `meridian up` prints, finds every site on the map, the jobs in the table and a running job's flow,
-//! follows a job to its page and saves screenshots. Its attacker's side: the session cookie reads but changes
-//! nothing, a wrong token sets no cookie, and the page itself holds no data.
+//! follows a job to its page and saves screenshots, signed in as a federation-wide viewer (every tenant's work,
+//! nothing it may change). Its attacker's side: the session cookie reads but changes nothing, a wrong token sets
+//! no cookie, another tenant's session sees none of these jobs, the viewer cancels, drains and creates nothing,
+//! and the page itself holds no data.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
 use meridian_e2e::*;
@@ -222,10 +224,13 @@ fn the_dashboard_shows_sites_jobs_and_a_jobs_page_in_a_real_browser() {
         f.submit(&job("plain", 1, "echo dashboard; sleep 600")),
     ];
     let waiting = f.submit(&job("too-big", 64, "true"));
-    for id in &running {
+    let mut theirs = job("other-team-job", 1, "sleep 600");
+    theirs["tenant"] = json!("other-team");
+    let theirs = f.submit(&theirs);
+    for id in running.iter().chain([&theirs]) {
         f.wait_phase(id, "running", LONG);
     }
-    let ids: BTreeSet<String> = running.iter().chain([&waiting]).cloned().collect();
+    let ids: BTreeSet<String> = running.iter().chain([&waiting, &theirs]).cloned().collect();
 
     // The attacker's side first, over plain HTTP.
     let token = f
@@ -283,12 +288,39 @@ fn the_dashboard_shows_sites_jobs_and_a_jobs_page_in_a_real_browser() {
         "another tenant's session sees none of these jobs: {listed}"
     );
 
-    // The browser.
+    // A federation-wide viewer reads every tenant's work and the operator's read-only calls, and changes
+    // nothing, with its token or its session.
+    let viewer = f.create_token(None, &["viewer"]);
+    let as_viewer = f.with_token(Some(&viewer));
+    let (status, body) = as_viewer.get("/v1/jobs");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["ok"]["jobs"].as_array().unwrap().len(), ids.len());
+    for path in ["/v1/report", "/v1/admin/history", "/v1/admin/tenancy"] {
+        assert_eq!(as_viewer.get(path).0, 200, "{path}");
+    }
+    let (status, _, _) = f.request(
+        "GET",
+        "/metrics",
+        &[("authorization", &format!("Bearer {viewer}"))],
+    );
+    assert_eq!(status, 200, "a viewer may scrape the metrics");
+    let (status, body) = as_viewer.delete(&format!("/v1/jobs/{theirs}"));
+    assert_eq!(status, 403, "a viewer cancels nothing: {body}");
+    let (status, body) = as_viewer.post(
+        &format!("/v1/sites/{}/drain", sites[0].id),
+        br#"{"drain": true}"#,
+    );
+    assert_eq!(status, 403, "a viewer drains nothing: {body}");
+    let (status, body) = as_viewer.post("/v1/admin/tokens", br#"{"roles": ["admin"]}"#);
+    assert_eq!(status, 403, "a viewer makes no token: {body}");
+    assert_eq!(f.job(&theirs)["phase"], "running");
+
+    // The browser, signed in as the viewer.
     let scratch = tempfile::tempdir().unwrap();
     let home = scratch.path().join("home");
     trust_ca(&home, &f.ca().expect("a CA"));
     let b = Browser::start(&home, &scratch.path().join("profile"));
-    b.goto(&format!("{}/#token={token}", f.http()));
+    b.goto(&format!("{}/#token={viewer}", f.http()));
     let want: BTreeSet<String> = sites.iter().map(|s| s.id.to_owned()).collect();
     let mut on_map = BTreeSet::new();
     b.wait("every site on the map", || {
@@ -320,10 +352,8 @@ fn the_dashboard_shows_sites_jobs_and_a_jobs_page_in_a_real_browser() {
     assert_eq!(queue.len(), 1);
     let text = b.text(&queue[0]);
     assert!(text.contains("no_site_fits 1"), "{text}");
-    assert!(
-        !b.text(&b.find_all("#who")[0]).is_empty(),
-        "it says who is signed in"
-    );
+    let who = b.text(&b.find_all("#who")[0]);
+    assert!(who.contains("federation-wide viewer"), "{who}");
     let shots = Path::new(env!("CARGO_TARGET_TMPDIR"));
     b.screenshot(&shots.join("dashboard.png"));
 

@@ -137,9 +137,11 @@ impl TokenRecord {
         if self.name.len() > 128 {
             return Some("a token's name is at most 128 characters".into());
         }
-        if !self.admin && self.tenant.is_none() {
+        if !self.admin && self.tenant.is_none() && !reads_only(&self.grants) {
             return Some(
-                "a token that is not an administrator's acts for one tenant: name it".into(),
+                "a token that is not an administrator's acts for one tenant (name it), unless it only reads \
+                 (viewer, watch, report: a federation-wide viewer)"
+                    .into(),
             );
         }
         if !self.admin && self.grants.is_empty() {
@@ -162,6 +164,13 @@ impl TokenRecord {
             grants: self.grants.clone(),
         }
     }
+}
+
+/// Whether grants only read (watch, report): what a token acting for no tenant may hold.
+pub fn reads_only(grants: &[Grant]) -> bool {
+    grants
+        .iter()
+        .all(|g| matches!(g.verb, Verb::Watch | Verb::Report))
 }
 
 /// Who is calling, once authenticated.
@@ -196,9 +205,28 @@ impl Principal {
         }
     }
 
-    /// Whether it may see the tenant's objects at all.
+    /// Whether it may see the tenant's objects at all: an administrator and a federation-wide viewer (a token
+    /// acting for no tenant, which only reads) see every tenant's.
     pub fn sees(&self, tenant: &TenantId) -> bool {
-        self.admin || self.tenant.as_ref() == Some(tenant)
+        self.admin || self.tenant.is_none() || self.tenant.as_ref() == Some(tenant)
+    }
+
+    /// A federation-wide viewer: no tenant, not an administrator; its grants only read.
+    pub fn is_viewer(&self) -> bool {
+        !self.admin && self.tenant.is_none() && self.grants.iter().any(|g| g.verb == Verb::Watch)
+    }
+
+    /// A call that reads what only an operator reads (the metrics, the job history, the tenancy, the audit,
+    /// the tokens' list — never a secret): an administrator or a federation-wide viewer.
+    pub fn must_read_all(&self, what: &str) -> Result<(), Denied> {
+        if self.admin || self.is_viewer() {
+            Ok(())
+        } else {
+            Err(Denied::Forbidden(format!(
+                "{what} needs an administrator's or a federation-wide viewer's token; token {} is neither",
+                self.id
+            )))
+        }
     }
 
     /// Whether it may `verb` on `queue` of `tenant`; `what` names the object for a hidden answer.
@@ -371,5 +399,53 @@ mod tests {
         assert_eq!(r.problem(), None);
         r.id = "no/slash".into();
         assert!(r.problem().is_some());
+    }
+
+    /// A token acting for no tenant that only reads is a federation-wide viewer: it reads every tenant's work
+    /// and the operator's read-only calls, and changes nothing. One that could change something must name a
+    /// tenant.
+    #[test]
+    fn a_federation_wide_viewer_reads_everything_and_changes_nothing() {
+        let Ok(Role::Grants(grants)) = parse_role("viewer") else {
+            panic!("viewer");
+        };
+        let mut r = TokenRecord {
+            id: "view1".into(),
+            name: String::new(),
+            hash: "0".repeat(64),
+            tenant: None,
+            admin: false,
+            grants,
+            created_ms: 1,
+            expires_ms: 2,
+            created_by: "admin".into(),
+            revoked_ms: None,
+        };
+        assert_eq!(r.problem(), None);
+        let v = r.principal();
+        assert!(v.is_viewer());
+        for tenant in ["a", "b"] {
+            assert_eq!(v.may(Verb::Watch, &t(tenant), "train", "job 1"), Ok(()));
+            assert_eq!(v.may_for_tenant(Verb::Report, &t(tenant)), Ok(()));
+            assert!(matches!(
+                v.may(Verb::Cancel, &t(tenant), "train", "job 1"),
+                Err(Denied::Forbidden(_))
+            ));
+            assert!(v.may_submit(&t(tenant), "train").is_err());
+        }
+        assert_eq!(v.must_read_all("the metrics"), Ok(()));
+        assert!(v.must_be_admin("draining a site").is_err());
+        // A tenant's viewer is not a federation-wide one.
+        let tenant_viewer = tenant_token("viewer");
+        assert!(!tenant_viewer.is_viewer());
+        assert!(tenant_viewer.must_read_all("the metrics").is_err());
+        // A token without a tenant that could submit or cancel is refused.
+        let Ok(Role::Grants(submit)) = parse_role("submit") else {
+            panic!("submit");
+        };
+        r.grants.extend(submit);
+        assert!(r
+            .problem()
+            .is_some_and(|p| p.contains("unless it only reads")));
     }
 }

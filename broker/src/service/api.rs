@@ -266,23 +266,26 @@ async fn call_as(h: &BrokerHandle, who: &Principal, c: Call) -> Reply {
                 Ok(r) => r,
                 Err(e) => return wire(e),
             };
-            if !who.admin {
-                // A tenant's token reads its own tenant's report.
-                let own = who.tenant.clone();
-                if let (Some(asked), Some(own)) = (&req.tenant, &own) {
-                    if asked != own {
-                        return denied(Denied::Forbidden(format!(
-                            "token {} acts for tenant {own}; it cannot read tenant {asked}'s report",
-                            who.id
-                        )));
-                    }
+            // A tenant's token reads its own tenant's report; a federation-wide viewer, any tenant's or all.
+            if let (false, Some(own)) = (who.admin, &who.tenant) {
+                if let Some(asked) = req.tenant.as_ref().filter(|asked| *asked != own) {
+                    return denied(Denied::Forbidden(format!(
+                        "token {} acts for tenant {own}; it cannot read tenant {asked}'s report",
+                        who.id
+                    )));
                 }
-                req.tenant = own;
+                req.tenant = Some(own.clone());
             }
-            if let Some(t) = &req.tenant {
-                if let Err(d) = who.may_for_tenant(Verb::Report, t) {
-                    return denied(d);
-                }
+            let may = match &req.tenant {
+                Some(t) => who.may_for_tenant(Verb::Report, t),
+                None if who.admin || who.grants.iter().any(|g| g.verb == Verb::Report) => Ok(()),
+                None => Err(Denied::Forbidden(format!(
+                    "token {} lacks the permission `report`",
+                    who.id
+                ))),
+            };
+            if let Err(d) = may {
+                return denied(d);
             }
             match h.query(Query::Ledger).await {
                 Some(Answer::Ledger(mut entries)) => match h.archive.ledger().await {
@@ -296,7 +299,11 @@ async fn call_as(h: &BrokerHandle, who: &Principal, c: Call) -> Reply {
             }
         }
         Call::Tenancy(toml) => {
-            if let Err(d) = who.must_be_admin("the tenancy") {
+            let checked = match &toml {
+                Some(_) => who.must_be_admin("changing the tenancy"),
+                None => who.must_read_all("reading the tenancy"),
+            };
+            if let Err(d) = checked {
                 return denied(d);
             }
             if let Some(toml) = toml {
@@ -314,7 +321,12 @@ async fn call_as(h: &BrokerHandle, who: &Principal, c: Call) -> Reply {
             }
         }
         Call::Format { upgrade } => {
-            if let Err(d) = who.must_be_admin("the journal's format") {
+            let checked = if upgrade {
+                who.must_be_admin("upgrading the journal's format")
+            } else {
+                who.must_read_all("reading the journal's format")
+            };
+            if let Err(d) = checked {
                 return denied(d);
             }
             let newest = meridian_core::durable::FORMAT_VERSION;
@@ -347,21 +359,19 @@ async fn call_as(h: &BrokerHandle, who: &Principal, c: Call) -> Reply {
                     Err(e) => return wire(e),
                 }
             };
-            if !who.admin {
-                let own = who.tenant.clone();
-                if let (Some(asked), Some(own)) = (&req.tenant, &own) {
-                    if asked != own {
-                        return denied(Denied::Forbidden(format!(
-                            "token {} acts for tenant {own}; it cannot list tenant {asked}'s jobs",
-                            who.id
-                        )));
-                    }
+            // A tenant's token lists its own tenant's jobs; a federation-wide viewer, any tenant's or all.
+            if let (false, Some(own)) = (who.admin, &who.tenant) {
+                if let Some(asked) = req.tenant.as_ref().filter(|asked| *asked != own) {
+                    return denied(Denied::Forbidden(format!(
+                        "token {} acts for tenant {own}; it cannot list tenant {asked}'s jobs",
+                        who.id
+                    )));
                 }
-                req.tenant = own;
-                if let Some(t) = &req.tenant {
-                    if let Err(d) = who.may_for_tenant(Verb::Watch, t) {
-                        return denied(d);
-                    }
+                req.tenant = Some(own.clone());
+            }
+            if let (false, Some(t)) = (who.admin, &req.tenant) {
+                if let Err(d) = who.may_for_tenant(Verb::Watch, t) {
+                    return denied(d);
                 }
             }
             list_jobs(h, who, req).await
@@ -508,7 +518,7 @@ async fn call_as(h: &BrokerHandle, who: &Principal, c: Call) -> Reply {
             create_token(h, who, req).await
         }
         Call::TokenList => {
-            if let Err(d) = who.must_be_admin("listing API tokens") {
+            if let Err(d) = who.must_read_all("listing API tokens") {
                 return denied(d);
             }
             match h.query(Query::Tokens).await {
@@ -560,7 +570,7 @@ async fn call_as(h: &BrokerHandle, who: &Principal, c: Call) -> Reply {
             },
         ),
         Call::History(body) => {
-            if let Err(d) = who.must_be_admin("reading the job history") {
+            if let Err(d) = who.must_read_all("reading the job history") {
                 return denied(d);
             }
             let req = if body.is_empty() {
@@ -602,7 +612,7 @@ async fn call_as(h: &BrokerHandle, who: &Principal, c: Call) -> Reply {
             }
         }
         Call::Metrics => {
-            if let Err(d) = who.must_be_admin("reading the metrics") {
+            if let Err(d) = who.must_read_all("reading the metrics") {
                 return denied(d);
             }
             match h.query(Query::Gauges).await {
@@ -613,7 +623,7 @@ async fn call_as(h: &BrokerHandle, who: &Principal, c: Call) -> Reply {
             }
         }
         Call::Audit(body) => {
-            if let Err(d) = who.must_be_admin("reading the audit") {
+            if let Err(d) = who.must_read_all("reading the audit") {
                 return denied(d);
             }
             let req = if body.is_empty() {
@@ -681,10 +691,12 @@ async fn create_token(
             "an administrator's token acts for every tenant: leave the tenant out".into(),
         );
     }
-    if !admin && req.tenant.is_none() {
+    if !admin && req.tenant.is_none() && !meridian_core::access::reads_only(&grants) {
         return bad(
             "tenant",
-            "a token that is not an administrator's acts for one tenant: name it".into(),
+            "a token that is not an administrator's acts for one tenant (name it), unless it only reads: \
+             `--role viewer` without a tenant is a federation-wide viewer"
+                .into(),
         );
     }
     let life = req.expires_in_s.unwrap_or(TOKEN_DEFAULT_S);

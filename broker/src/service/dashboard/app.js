@@ -448,7 +448,7 @@ async function start() {
     return e instanceof SignInNeeded ? showSignIn("") : failed(e);
   }
   const s = state.session;
-  replace(document.getElementById("who"), `signed in as ${s.who}${s.admin ? " (administrator)" : s.tenant ? ` (tenant ${s.tenant})` : ""}`);
+  replace(document.getElementById("who"), `signed in as ${s.who}${s.admin ? " (administrator)" : s.tenant ? ` (tenant ${s.tenant})` : " (federation-wide viewer)"}`);
   const out = document.getElementById("sign-out");
   out.hidden = false;
   out.onclick = async () => {
