@@ -147,17 +147,20 @@ fn plan_replays_the_recorded_history_and_added_capacity_lowers_the_wait() {
     });
     let fed_file = f.scratch.path().join("federation.toml");
     let fed_arg = fed_file.to_string_lossy().to_string();
-    let out = f.cli(&[
-        "--output",
-        "json",
-        "plan",
-        "--federation",
-        &fed_arg,
-        "--days",
-        "1",
-        "--add",
-        "small:A100:3",
-    ]);
+    let plan = |output: &str| {
+        f.cli(&[
+            "--output",
+            output,
+            "plan",
+            "--federation",
+            &fed_arg,
+            "--days",
+            "1",
+            "--add",
+            "small:A100:3",
+        ])
+    };
+    let out = plan("json");
     assert!(
         out.status.success(),
         "{}",
@@ -178,15 +181,7 @@ fn plan_replays_the_recorded_history_and_added_capacity_lowers_the_wait() {
     );
     assert!(wait(changed) < 1.0, "four GPUs run them at once: {changed}");
     // The table says the same.
-    let table = f.cli(&[
-        "plan",
-        "--federation",
-        &fed_arg,
-        "--days",
-        "1",
-        "--add",
-        "small:A100:3",
-    ]);
+    let table = plan("table");
     let text = String::from_utf8_lossy(&table.stdout);
     println!("{text}");
     assert!(

@@ -132,6 +132,37 @@ fn wire(e: WireError) -> Reply {
     error(e.to_body())
 }
 
+/// A request whose every field is optional: an empty body is the default one, anything else is decoded strictly.
+fn optional_body<T>(body: &Bytes) -> Result<T, Reply>
+where
+    T: Default + serde::de::DeserializeOwned + meridian_federation::validate::Validate,
+{
+    if body.is_empty() {
+        Ok(T::default())
+    } else {
+        decode_strict::<T>(body).map_err(wire)
+    }
+}
+
+/// A listing or report of one tenant or all: a tenant's token is held to its own tenant (naming another is
+/// refused, saying `what`); an administrator and a federation-wide viewer may name any tenant, or none.
+fn scope_to_own_tenant(
+    who: &Principal,
+    tenant: &mut Option<meridian_federation::TenantId>,
+    what: &str,
+) -> Result<(), Reply> {
+    if let (false, Some(own)) = (who.admin, &who.tenant) {
+        if let Some(asked) = tenant.as_ref().filter(|asked| *asked != own) {
+            return Err(denied(Denied::Forbidden(format!(
+                "token {} acts for tenant {own}; it cannot read tenant {asked}'s {what}",
+                who.id
+            ))));
+        }
+        *tenant = Some(own.clone());
+    }
+    Ok(())
+}
+
 fn step_error(e: StepError) -> Reply {
     error(ErrorBody::new(e.code(), e.field(), e.to_string()))
 }
@@ -266,15 +297,8 @@ async fn call_as(h: &BrokerHandle, who: &Principal, c: Call) -> Reply {
                 Ok(r) => r,
                 Err(e) => return wire(e),
             };
-            // A tenant's token reads its own tenant's report; a federation-wide viewer, any tenant's or all.
-            if let (false, Some(own)) = (who.admin, &who.tenant) {
-                if let Some(asked) = req.tenant.as_ref().filter(|asked| *asked != own) {
-                    return denied(Denied::Forbidden(format!(
-                        "token {} acts for tenant {own}; it cannot read tenant {asked}'s report",
-                        who.id
-                    )));
-                }
-                req.tenant = Some(own.clone());
+            if let Err(reply) = scope_to_own_tenant(who, &mut req.tenant, "report") {
+                return reply;
             }
             let may = match &req.tenant {
                 Some(t) => who.may_for_tenant(Verb::Report, t),
@@ -351,23 +375,12 @@ async fn call_as(h: &BrokerHandle, who: &Principal, c: Call) -> Reply {
             format_view(h).await
         }
         Call::ListJobs(body) => {
-            let mut req = if body.is_empty() {
-                meridian_federation::JobListRequest::default()
-            } else {
-                match decode_strict::<meridian_federation::JobListRequest>(&body) {
-                    Ok(r) => r,
-                    Err(e) => return wire(e),
-                }
+            let mut req = match optional_body::<meridian_federation::JobListRequest>(&body) {
+                Ok(r) => r,
+                Err(reply) => return reply,
             };
-            // A tenant's token lists its own tenant's jobs; a federation-wide viewer, any tenant's or all.
-            if let (false, Some(own)) = (who.admin, &who.tenant) {
-                if let Some(asked) = req.tenant.as_ref().filter(|asked| *asked != own) {
-                    return denied(Denied::Forbidden(format!(
-                        "token {} acts for tenant {own}; it cannot list tenant {asked}'s jobs",
-                        who.id
-                    )));
-                }
-                req.tenant = Some(own.clone());
+            if let Err(reply) = scope_to_own_tenant(who, &mut req.tenant, "jobs") {
+                return reply;
             }
             if let (false, Some(t)) = (who.admin, &req.tenant) {
                 if let Err(d) = who.may_for_tenant(Verb::Watch, t) {
@@ -573,13 +586,9 @@ async fn call_as(h: &BrokerHandle, who: &Principal, c: Call) -> Reply {
             if let Err(d) = who.must_read_all("reading the job history") {
                 return denied(d);
             }
-            let req = if body.is_empty() {
-                meridian_federation::HistoryRequest::default()
-            } else {
-                match decode_strict::<meridian_federation::HistoryRequest>(&body) {
-                    Ok(r) => r,
-                    Err(e) => return wire(e),
-                }
+            let req = match optional_body::<meridian_federation::HistoryRequest>(&body) {
+                Ok(r) => r,
+                Err(reply) => return reply,
             };
             let from = req.from_ms.unwrap_or(0);
             match h.query(Query::History(from)).await {
@@ -626,13 +635,9 @@ async fn call_as(h: &BrokerHandle, who: &Principal, c: Call) -> Reply {
             if let Err(d) = who.must_read_all("reading the audit") {
                 return denied(d);
             }
-            let req = if body.is_empty() {
-                meridian_federation::AuditRequest::default()
-            } else {
-                match decode_strict::<meridian_federation::AuditRequest>(&body) {
-                    Ok(r) => r,
-                    Err(e) => return wire(e),
-                }
+            let req = match optional_body::<meridian_federation::AuditRequest>(&body) {
+                Ok(r) => r,
+                Err(reply) => return reply,
             };
             match h.audit.read(&req).await {
                 Ok(page) => ok(200, page),

@@ -56,16 +56,22 @@ pub(super) fn count(env: &TestEnv, tenant: &str, phase: JobPhase) -> usize {
         .count()
 }
 
+/// Team A submits 17 one-GPU jobs one after another: 16 run on the cohort's quota (its own 8 and B's idle 8),
+/// the last waits for quota.
+fn borrow_the_cohorts_quota(env: &mut TestEnv) {
+    for i in 0..17 {
+        env.submit(tenant_job("team-a", &format!("a{i}")));
+        env.advance(10);
+        run_all(env);
+    }
+}
+
 #[test]
 fn a_lender_reclaims_its_quota_from_the_borrower_not_from_the_borrowers_own_share() {
     let mut env = TestEnv::new(trio());
     env.set_tenancy(COHORT);
     // Team A borrows B's idle 8 GPUs: 16 run (the federation has 24 GPUs; the cohort's quota is 16).
-    for i in 0..17 {
-        env.submit(tenant_job("team-a", &format!("a{i}")));
-        env.advance(10);
-        run_all(&mut env);
-    }
+    borrow_the_cohorts_quota(&mut env);
     assert_eq!(count(&env, "team-a", JobPhase::Running), 16);
     let waiting = first_pending(&env);
     assert!(
@@ -530,11 +536,7 @@ fn jobs_of_a_removed_queue_wait_for_a_queue_and_ordering_survives_it() {
 fn a_waiting_job_says_why_it_waited_at_its_last_try() {
     let mut env = TestEnv::new(trio());
     env.set_tenancy(COHORT);
-    for i in 0..17 {
-        env.submit(tenant_job("team-a", &format!("a{i}")));
-        env.advance(10);
-        run_all(&mut env);
-    }
+    borrow_the_cohorts_quota(&mut env);
     let reason = |env: &TestEnv| crate::observe::wait_reason(first_pending(env));
     assert_eq!(reason(&env), "quota");
     let view = crate::views::job_view(
