@@ -709,6 +709,109 @@ impl JobSpec {
     }
 }
 
+/// What one replica of a service serves on the reference model (the throughput table scales it for other
+/// models): requests per second, or tokens per second. Exactly one is given.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceThroughput {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_per_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_s: Option<f64>,
+}
+
+impl ServiceThroughput {
+    /// The figure given, whichever unit it is in.
+    pub fn per_replica(&self) -> f64 {
+        self.requests_per_s.or(self.tokens_per_s).unwrap_or(0.0)
+    }
+
+    /// The unit demand is counted in: `requests` or `tokens`.
+    pub fn unit(&self) -> &'static str {
+        if self.tokens_per_s.is_some() {
+            "tokens"
+        } else {
+            "requests"
+        }
+    }
+}
+
+fn sixty() -> u64 {
+    60
+}
+
+fn six_hundred() -> u64 {
+    600
+}
+
+fn default_utilization() -> f64 {
+    0.8
+}
+
+/// An inference service: replicas that the broker scales and places near its users' demand.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ServiceSpec {
+    #[serde(default = "v1")]
+    pub v: u32,
+    pub name: ServiceName,
+    pub tenant: TenantId,
+    #[serde(default)]
+    pub queue: Option<QueueName>,
+    #[serde(default)]
+    pub priority: Option<String>,
+    /// What one replica takes (its models, devices or share, memory).
+    pub resources: Resources,
+    pub throughput: ServiceThroughput,
+    /// Round trip from a user location to a replica's site, ms.
+    pub slo_ms: f64,
+    #[serde(default = "one")]
+    pub min_replicas: u32,
+    pub max_replicas: u32,
+    /// How long demand must stay above what the replicas serve before replicas are added, seconds.
+    #[serde(default = "sixty")]
+    pub scale_up_delay_s: u64,
+    /// How long demand must stay below before replicas are removed, seconds.
+    #[serde(default = "six_hundred")]
+    pub scale_down_delay_s: u64,
+    /// The share of a replica's throughput it is loaded to; the rest is headroom for bursts.
+    #[serde(default = "default_utilization")]
+    pub target_utilization: f64,
+    /// cost, green, balanced (the default), latency, `{ carbon_price_usd_per_t = … }` or
+    /// `{ max_cost_premium = … }`.
+    #[serde(default)]
+    pub policy: Option<Policy>,
+    /// Replicas may run on spot capacity where a pool offers it.
+    #[serde(default)]
+    pub spot: bool,
+    /// Residency, tiers, sites, price cap: as for a job.
+    #[serde(default)]
+    pub constraints: Constraints,
+    /// What each replica runs.
+    pub run: RunSpec,
+}
+
+impl ServiceSpec {
+    /// The job a replica is: an inference job of the service's tenant, queue and priority, with its resources,
+    /// constraints, policy and command, keyed by the service and a sequence number.
+    pub fn replica_spec(&self, seq: u64) -> JobSpec {
+        let mut spec = JobSpec::new(
+            self.tenant.clone(),
+            format!("service-{}-{seq}", self.name),
+            JobKind::Inference,
+            self.resources.clone(),
+            self.run.command.clone(),
+        );
+        spec.name = Some(format!("{}-{seq}", self.name));
+        spec.queue = self.queue.clone();
+        spec.priority = self.priority.clone();
+        spec.service = Some(self.name.clone());
+        spec.constraints = self.constraints.clone();
+        spec.policy = self.policy.clone();
+        spec.run = self.run.clone();
+        spec
+    }
+}
+
 /// One device, or a share of it, assigned to a job.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeviceShare {

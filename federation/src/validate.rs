@@ -270,6 +270,59 @@ impl Validate for BrokerHello {
     }
 }
 
+impl Validate for ServiceSpec {
+    versioned!(ServiceSpec);
+
+    fn validate(&self) -> R {
+        token("name", &self.name)?;
+        if let Some(q) = &self.queue {
+            token("queue", q)?;
+        }
+        if let Some(p) = &self.priority {
+            token("priority", p)?;
+        }
+        let t = &self.throughput;
+        match (t.requests_per_s, t.tokens_per_s) {
+            (Some(x), None) => range_f64("throughput.requests_per_s", x, 1e-6, 1e9)?,
+            (None, Some(x)) => range_f64("throughput.tokens_per_s", x, 1e-6, 1e12)?,
+            _ => {
+                return bad(
+                    "throughput",
+                    "give exactly one of requests_per_s and tokens_per_s",
+                )
+            }
+        }
+        range_f64("slo_ms", self.slo_ms, 1.0, 10_000.0)?;
+        range_u64("max_replicas", self.max_replicas.into(), 1, 10_000)?;
+        if self.min_replicas > self.max_replicas {
+            return bad(
+                "min_replicas",
+                format!(
+                    "{} is above max_replicas {}",
+                    self.min_replicas, self.max_replicas
+                ),
+            );
+        }
+        range_u64("scale_up_delay_s", self.scale_up_delay_s, 0, 24 * 3600)?;
+        range_u64(
+            "scale_down_delay_s",
+            self.scale_down_delay_s,
+            0,
+            7 * 24 * 3600,
+        )?;
+        range_f64("target_utilization", self.target_utilization, 0.05, 1.0)?;
+        if let Some(Policy::Weights(_)) = &self.policy {
+            return bad(
+                "policy",
+                "a service takes cost, green, balanced, latency, carbon_price_usd_per_t or \
+                 max_cost_premium, not weights",
+            );
+        }
+        // A replica is a job: its resources, constraints and command are checked as a job's are.
+        self.replica_spec(0).validate()
+    }
+}
+
 impl Validate for JobSpec {
     versioned!(JobSpec);
 

@@ -505,3 +505,59 @@ fn messages_of_the_previous_release_still_decode() {
     let _: LogsReply = read("logs_reply");
     let _: BrokerHello = read("broker_hello");
 }
+
+fn service_json() -> Value {
+    json!({
+        "name": "chat",
+        "tenant": "team-a",
+        "resources": {"kind": "gpu", "count": 1, "models": ["A100", "H100"]},
+        "throughput": {"requests_per_s": 2.0},
+        "slo_ms": 50,
+        "max_replicas": 10,
+        "policy": {"max_cost_premium": 0.05},
+        "spot": true,
+        "run": {"command": "serve"}
+    })
+}
+
+/// A service file round trips with its defaults filled in, and each bad field is named.
+#[test]
+fn a_service_spec_round_trips_and_each_bad_field_is_named() {
+    let spec: ServiceSpec = decode_strict(&bytes(&service_json())).unwrap();
+    assert_eq!(spec.min_replicas, 1);
+    assert_eq!((spec.scale_up_delay_s, spec.scale_down_delay_s), (60, 600));
+    assert_eq!(spec.target_utilization, 0.8);
+    round_trip(&spec);
+    let replica = spec.replica_spec(3);
+    assert_eq!(replica.service.as_ref().map(|s| s.as_str()), Some("chat"));
+    assert_eq!(replica.kind, JobKind::Inference);
+    assert_eq!(replica.idempotency_key, "service-chat-3");
+    let cases: [(&str, Value, &str); 8] = [
+        ("throughput", json!({}), "throughput"),
+        (
+            "throughput",
+            json!({"requests_per_s": 1.0, "tokens_per_s": 5.0}),
+            "throughput",
+        ),
+        ("slo_ms", json!(0), "slo_ms"),
+        ("min_replicas", json!(11), "min_replicas"),
+        ("target_utilization", json!(1.5), "target_utilization"),
+        ("policy", json!({"weights": {"cost": 1.0}}), "policy"),
+        ("name", json!("has space"), "name"),
+        (
+            "resources",
+            json!({"kind": "gpu", "count": 0}),
+            "resources.count",
+        ),
+    ];
+    for (key, value, field) in cases {
+        let mut v = service_json();
+        v[key] = value;
+        let e = decode_strict::<ServiceSpec>(&bytes(&v)).expect_err(key);
+        assert!(e.to_string().contains(field), "{key}: {e}");
+    }
+    let mut v = service_json();
+    v["replicas_max"] = json!(3);
+    let e = decode_strict::<ServiceSpec>(&bytes(&v)).expect_err("unknown field");
+    assert!(e.to_string().contains("replicas_max"), "{e}");
+}

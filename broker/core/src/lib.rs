@@ -3,6 +3,7 @@
 //! passed in as milliseconds since the Unix epoch.
 
 pub mod access;
+pub mod autoscale;
 pub mod budget;
 pub mod durable;
 pub mod error;

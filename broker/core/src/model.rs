@@ -38,6 +38,9 @@ pub struct Pool {
     pub memory_mib: u64,
     pub power_watts: u32,
     pub price_micro_usd_per_hour: u64,
+    /// The spot price, where the pool sells spot capacity (a replica of a service that allows spot).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spot_price_micro_usd_per_hour: Option<u64>,
     pub milli_sharing: bool,
     /// MIG-style profiles the devices can be sliced into.
     pub mig_profiles: Vec<String>,
@@ -56,6 +59,7 @@ impl Pool {
             memory_mib: p.memory_mib,
             power_watts: p.measured_power_watts.unwrap_or(p.power_watts),
             price_micro_usd_per_hour: p.price_micro_usd_per_hour,
+            spot_price_micro_usd_per_hour: p.spot_price_micro_usd_per_hour,
             milli_sharing: p.sharing.milli,
             mig_profiles: p.sharing.mig_profiles.clone(),
             devices_per_node: p.devices_per_node.max(1),

@@ -123,6 +123,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<bool> {
             opts.json = out == Output::Json;
             demo::run(opts).await
         }
+        Cmd::Sim(opts) if opts.service.is_some() => {
+            let (report, outcomes) = tokio::task::block_in_place(|| sim::serving::simulate(&opts))?;
+            if let Some(path) = &opts.schedule {
+                sim::serving::write_schedule(path, &outcomes)?;
+            }
+            render::print(out, &report, |r| out!("{}", sim::serving::table(r)))
+        }
         Cmd::Sim(opts) => {
             let simulated = tokio::task::block_in_place(|| sim::simulate(&opts))?;
             sim::write_outputs(&opts, &simulated)?;

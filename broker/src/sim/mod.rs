@@ -5,6 +5,7 @@ pub mod checker;
 pub mod engine;
 pub mod federation;
 pub mod plan;
+pub mod serving;
 pub mod trace;
 
 use anyhow::Context;
@@ -25,9 +26,9 @@ use trace::{city, SplitMix64, TraceTask, CITIES};
 /// Settings of one `meridian sim` invocation.
 #[derive(Clone, Debug, clap::Args)]
 pub struct SimOptions {
-    /// Alibaba GPU trace v2023 pod list (CSV).
-    #[arg(long)]
-    pub trace: PathBuf,
+    /// Alibaba GPU trace v2023 pod list (CSV). Not with --service.
+    #[arg(long, required_unless_present = "service")]
+    pub trace: Option<PathBuf>,
     /// Azure LLM inference trace (CSV): requests for one inference service.
     #[arg(long)]
     pub inference: Option<PathBuf>,
@@ -69,9 +70,29 @@ pub struct SimOptions {
     /// Write an SVG chart of cost against kgCO2e per run.
     #[arg(long)]
     pub plot: Option<PathBuf>,
-    /// Write every attempt of every run as JSON lines (see the README's "Simulator schedule").
+    /// Write every attempt of every run as JSON lines (see the README's "Simulator schedule"); with --service,
+    /// every replica and route (see "Serving simulation").
     #[arg(long)]
     pub schedule: Option<PathBuf>,
+    /// An inference service file (TOML or JSON, as `meridian service deploy` takes): simulate its autoscaling
+    /// against --demand instead of a batch trace.
+    #[arg(long, requires = "demand", conflicts_with = "trace")]
+    pub service: Option<PathBuf>,
+    /// The demand curve of --service: the Alibaba GenAI QPS CSV.
+    #[arg(long)]
+    pub demand: Option<PathBuf>,
+    /// The user cities the demand is spread over (WonderNetwork server list CSV); default from the data folder.
+    #[arg(long)]
+    pub cities: Option<PathBuf>,
+    /// Days of demand (the curve's day repeated), with --service.
+    #[arg(long, default_value_t = 7)]
+    pub days: u32,
+    /// The demand at the busiest minute is this many replicas of the reference model at full throughput.
+    #[arg(long, default_value_t = 100)]
+    pub peak_replicas: u32,
+    /// Seconds from a replica's start until it serves.
+    #[arg(long, default_value_t = 120)]
+    pub startup_s: u64,
 }
 
 /// `YYYY-MM-DDTHH:MMZ` (UTC) → milliseconds since the Unix epoch.
@@ -497,10 +518,14 @@ pub type Simulated = (
 /// Runs every requested ranking over the same workload.
 pub fn simulate(opts: &SimOptions) -> anyhow::Result<Simulated> {
     let fed = SimFederation::load(&opts.federation)?;
-    let text = std::fs::read_to_string(&opts.trace)
-        .with_context(|| format!("reading {}", opts.trace.display()))?;
+    let trace_path = opts
+        .trace
+        .as_ref()
+        .ok_or_else(|| anyhow::anyhow!("--trace FILE is required (or --service with --demand)"))?;
+    let text = std::fs::read_to_string(trace_path)
+        .with_context(|| format!("reading {}", trace_path.display()))?;
     let mut tr = trace::parse_alibaba(&text)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", opts.trace.display()))?;
+        .map_err(|e| anyhow::anyhow!("{}: {e}", trace_path.display()))?;
     if let Some(n) = opts.limit {
         tr.tasks.truncate(n);
     }

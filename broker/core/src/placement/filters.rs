@@ -96,6 +96,15 @@ pub(super) fn site_reject(view: View<'_>, site: &Site, spec: &JobSpec) -> Option
         .map(|d| Reject::MissingDataset(d.name.clone()))
 }
 
+/// Why `spec` can never run on this pool of this site (its constraints, the pool's shape), or `None` if it can
+/// when there is room: what placement checks before it looks at the load.
+pub fn never_fits(view: View<'_>, site: &Site, pool: &Pool, spec: &JobSpec) -> Option<Reject> {
+    if pool.kind != spec.resources.kind {
+        return Some(Reject::NoPoolOfKind(spec.resources.kind));
+    }
+    site_reject(view, site, spec).or_else(|| pool_reject(pool, spec))
+}
+
 /// Pool-level hard constraints (the job's shape, not the pool's current load).
 fn pool_reject(pool: &Pool, spec: &JobSpec) -> Option<Reject> {
     let r = &spec.resources;

@@ -60,7 +60,7 @@ mod terms;
 
 pub use baseline::Baseline;
 pub use defer::{DEFER_HORIZON_H, DEFER_MIN_SAVING};
-pub use filters::fit_now;
+pub use filters::{fit_now, never_fits};
 pub use terms::user_latency;
 pub use terms::{
     Rule, Spent, Term, Terms, BALANCED_MAX_PREMIUM, BALANCED_MAX_PREMIUM_PER_JOB, KNEE_FORMAT,

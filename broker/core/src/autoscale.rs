@@ -1,0 +1,891 @@
+//! The autoscaler of inference services: from the demand seen at each user location, how many replicas of a
+//! service each site's pool should run, and when a change of that number is made.
+//!
+//! Two pure steps. [`desired`] says where replicas should be now: every location with demand is served by
+//! offers (a site's pool, on-demand or spot) within the service's round-trip SLO — owned first, then partner,
+//! then cloud, and within a tier by the service's policy (see [`Objective`]) — with each replica loaded to at
+//! most the target utilisation; spare throughput of a replica already wanted is used before a new one is added.
+//! A location no offer reaches within the SLO is served by the nearest offer with room (outside the SLO, and
+//! said so). [`Scaler::step`] turns the desired counts into targets with the delays as hysteresis: a count goes
+//! up to the lowest level it was wanted at over the whole scale-up delay, and down to the highest level it was
+//! wanted at over the whole scale-down delay; a location left without any replica in reach is covered at once;
+//! nothing is removed while a replica of the service is still starting (make before break), nor before a full
+//! scale-down window of demand has been seen (after a deployment, a restart or a takeover).
+
+use crate::latency::{rtt_ms, RttTable};
+use crate::placement::{never_fits, View};
+use crate::Millis;
+use meridian_federation::{GeoPoint, JobSpec, Policy, PoolName, SiteId, Tier};
+use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+/// The premium over a location's cheapest offer that `balanced` may spend for less carbon (as the job policy's
+/// knee, [`crate::placement::BALANCED_MAX_PREMIUM`]).
+pub const BALANCED_PREMIUM: f64 = crate::placement::BALANCED_MAX_PREMIUM;
+
+/// Where a group of interchangeable replicas runs: one pool of one site, on-demand or spot.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct ReplicaKey {
+    pub site: SiteId,
+    pub pool: PoolName,
+    pub spot: bool,
+}
+
+impl std::fmt::Display for ReplicaKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.site, self.pool)?;
+        if self.spot {
+            write!(f, " (spot)")?;
+        }
+        Ok(())
+    }
+}
+
+/// A pool that can run replicas of the service, with what one replica there costs and serves.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Offer {
+    pub key: ReplicaKey,
+    pub tier: Tier,
+    pub location: GeoPoint,
+    pub rtt_region: Option<String>,
+    /// The most replicas of this service the pool can hold, those it runs now included.
+    pub room: u32,
+    pub usd_per_hour: f64,
+    /// Power drawn by one replica with the site's overhead: power × share × PUE, kW.
+    pub kw: f64,
+    /// Grams of CO2e per hour of one replica: `kw` × grid intensity.
+    pub g_co2_per_hour: f64,
+    /// Demand one replica here serves at full throughput, in the service's unit (requests/s or tokens/s).
+    pub capacity: f64,
+}
+
+impl Offer {
+    fn usd_per_unit(&self) -> f64 {
+        self.usd_per_hour / self.capacity.max(1e-9)
+    }
+
+    fn g_per_unit(&self) -> f64 {
+        self.g_co2_per_hour / self.capacity.max(1e-9)
+    }
+}
+
+/// The offers of the sites in `view` for a replica whose job is `replica` and which serves `per_replica` (in the
+/// service's unit) on the reference model: one per pool it can run on, and a second one at the spot price where
+/// the pool has one and `spot` is allowed. `room` is what the pool holds in all (its healthy devices); the
+/// caller takes off what other work uses. Grid intensity is the site's current figure.
+pub fn offers(view: View<'_>, replica: &JobSpec, per_replica: f64, spot: bool) -> Vec<Offer> {
+    let share = replica.resources.milli_per_replica().max(1);
+    let mut out = Vec::new();
+    for site in view.sites.values() {
+        if !site.up || site.draining() {
+            continue;
+        }
+        for pool in &site.pools {
+            if never_fits(view, site, pool, replica).is_some() {
+                continue;
+            }
+            let room: u64 = match replica.resources.share() {
+                Some(_) => pool
+                    .devices
+                    .iter()
+                    .filter(|d| d.healthy)
+                    .map(|_| 1000 / share)
+                    .sum(),
+                None => pool.healthy_devices() as u64 / u64::from(replica.resources.count.max(1)),
+            };
+            if room == 0 {
+                continue;
+            }
+            let devices = share as f64 / 1000.0;
+            let kw = f64::from(pool.power_watts) * devices * site.info.pue / 1000.0;
+            let g = kw * f64::from(site.info.carbon.g_per_kwh);
+            let mut prices = vec![(false, pool.price_micro_usd_per_hour)];
+            if let Some(p) = pool.spot_price_micro_usd_per_hour.filter(|_| spot) {
+                prices.push((true, p));
+            }
+            for (is_spot, price) in prices {
+                if replica
+                    .constraints
+                    .price_cap_micro_usd_per_hour
+                    .is_some_and(|cap| price > cap)
+                {
+                    continue;
+                }
+                out.push(Offer {
+                    key: ReplicaKey {
+                        site: site.id().clone(),
+                        pool: pool.name.clone(),
+                        spot: is_spot,
+                    },
+                    tier: site.tier(),
+                    location: site.info.location,
+                    rtt_region: site.info.rtt_region.clone(),
+                    room: u32::try_from(room).unwrap_or(u32::MAX),
+                    usd_per_hour: price as f64 / 1e6 * devices,
+                    kw,
+                    g_co2_per_hour: g,
+                    capacity: per_replica * view.throughput.factor(&pool.model),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// The demand of one user location over the window.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LocationDemand {
+    pub name: String,
+    pub location: GeoPoint,
+    pub rtt_region: Option<String>,
+    /// Demand in the service's unit per second.
+    pub rate: f64,
+}
+
+/// How a service chooses among the offers within its SLO, per unit of throughput, after the tier.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Objective {
+    /// The lowest USD, then the least carbon.
+    Cost,
+    /// The least carbon, then the lowest USD.
+    Carbon,
+    /// The lowest `USD + price × tCO2e`.
+    CarbonPrice(f64),
+    /// The least carbon among the offers costing at most `1 + premium` times the location's cheapest.
+    LeastCarbonWithin(f64),
+    /// `balanced`: among the offers within [`BALANCED_PREMIUM`] of the location's cheapest, the lowest
+    /// `cost / cost₀ + CO2 / CO2₀` (the cheapest offer's figures): a per cent of money against a per cent of
+    /// carbon.
+    Knee,
+    /// The nearest, then the lowest USD.
+    Latency,
+}
+
+impl Objective {
+    /// The objective of a policy. Explicit weights are for jobs; a service states a trade-off instead.
+    pub fn of(policy: &Policy) -> Result<Self, String> {
+        Ok(match policy {
+            Policy::Cost => Objective::Cost,
+            Policy::Green => Objective::Carbon,
+            Policy::Balanced => Objective::Knee,
+            Policy::Latency => Objective::Latency,
+            Policy::CarbonPriceUsdPerT(p) => Objective::CarbonPrice(*p),
+            Policy::MaxCostPremium(p) => Objective::LeastCarbonWithin(*p),
+            Policy::Weights(_) => {
+                return Err("a service takes cost, green, balanced, latency, \
+                     carbon_price_usd_per_t or max_cost_premium, not weights"
+                    .to_owned())
+            }
+        })
+    }
+}
+
+/// A service's scaling settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Settings {
+    pub slo_ms: f64,
+    pub min_replicas: u32,
+    pub max_replicas: u32,
+    /// The share of a replica's throughput it is loaded to (headroom for bursts), in (0, 1].
+    pub utilization: f64,
+    pub objective: Objective,
+    pub up_delay_ms: u64,
+    pub down_delay_ms: u64,
+}
+
+/// Where replicas should be now, and who each serves.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Desired {
+    pub replicas: BTreeMap<ReplicaKey, u32>,
+    /// Per location (input order): the offers (indices) within the SLO, best first.
+    pub reach: Vec<Vec<usize>>,
+    /// Per location: the offers serving it and the rate each takes.
+    pub served: Vec<Vec<(usize, f64)>>,
+    /// Per location: demand no offer could take (every one in reach was full).
+    pub unserved: Vec<f64>,
+    /// Per location: served outside the SLO, because no offer is within it.
+    pub beyond_slo: Vec<bool>,
+}
+
+fn tier_rank(t: Tier) -> u8 {
+    match t {
+        Tier::Owned => 0,
+        Tier::Partner => 1,
+        Tier::Cloud => 2,
+    }
+}
+
+/// An offer as a location sees it: its round trip and what a unit of throughput costs there (USD and grams).
+#[derive(Clone, Copy, Debug)]
+struct Cand {
+    i: usize,
+    rtt: f64,
+    usd: f64,
+    g: f64,
+}
+
+impl Cand {
+    /// At the offer's own rates per unit of throughput.
+    fn of(offers: &[Offer], i: usize, rtt: f64) -> Self {
+        Cand {
+            i,
+            rtt,
+            usd: offers[i].usd_per_unit(),
+            g: offers[i].g_per_unit(),
+        }
+    }
+}
+
+/// The candidates, best first under `objective` (tier first).
+fn preference(offers: &[Offer], within: &[Cand], objective: Objective) -> Vec<usize> {
+    let mut out = Vec::with_capacity(within.len());
+    for tier in Tier::ALL {
+        let mut group: Vec<Cand> = within
+            .iter()
+            .copied()
+            .filter(|c| offers[c.i].tier == tier)
+            .collect();
+        if group.is_empty() {
+            continue;
+        }
+        let cheapest = group
+            .iter()
+            .min_by(|a, b| a.usd.total_cmp(&b.usd).then(a.g.total_cmp(&b.g)))
+            .map(|c| (c.usd, c.g))
+            .unwrap_or((1.0, 1.0));
+        let key = |c: &Cand| -> [f64; 3] {
+            let over = |p: f64| {
+                if c.usd <= cheapest.0 * (1.0 + p) + 1e-12 {
+                    0.0
+                } else {
+                    1.0
+                }
+            };
+            match objective {
+                Objective::Cost => [c.usd, c.g, c.rtt],
+                Objective::Carbon => [c.g, c.usd, c.rtt],
+                Objective::CarbonPrice(p) => [c.usd + p * c.g / 1e6, c.rtt, 0.0],
+                Objective::LeastCarbonWithin(p) => {
+                    [over(p), if over(p) > 0.0 { c.usd } else { c.g }, c.usd]
+                }
+                Objective::Knee => [
+                    over(BALANCED_PREMIUM),
+                    c.usd / cheapest.0.max(1e-12) + c.g / cheapest.1.max(1e-12),
+                    c.rtt,
+                ],
+                Objective::Latency => [c.rtt, c.usd, c.g],
+            }
+        };
+        group.sort_by(|a, b| {
+            let (ka, kb) = (key(a), key(b));
+            ka.iter()
+                .zip(kb.iter())
+                .map(|(x, y)| x.total_cmp(y))
+                .find(|o| o.is_ne())
+                .unwrap_or(std::cmp::Ordering::Equal)
+                .then(offers[a.i].key.cmp(&offers[b.i].key))
+        });
+        out.extend(group.into_iter().map(|c| c.i));
+    }
+    out
+}
+
+/// Where replicas should be for `demand` (see the module's description).
+pub fn desired(
+    offers: &[Offer],
+    demand: &[LocationDemand],
+    rtt: &RttTable,
+    s: &Settings,
+) -> Desired {
+    let util = s.utilization.clamp(0.05, 1.0);
+    let n = demand.len();
+    let mut out = Desired {
+        replicas: BTreeMap::new(),
+        reach: vec![Vec::new(); n],
+        served: vec![Vec::new(); n],
+        unserved: vec![0.0; n],
+        beyond_slo: vec![false; n],
+    };
+    let mut rtts: Vec<Vec<f64>> = Vec::with_capacity(n);
+    for (l, d) in demand.iter().enumerate() {
+        let row: Vec<f64> = offers
+            .iter()
+            .map(|o| {
+                rtt_ms(
+                    rtt,
+                    d.location,
+                    d.rtt_region.as_deref(),
+                    o.location,
+                    o.rtt_region.as_deref(),
+                )
+            })
+            .collect();
+        let within: Vec<Cand> = row
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| **r <= s.slo_ms)
+            .map(|(i, r)| Cand::of(offers, i, *r))
+            .collect();
+        out.reach[l] = preference(offers, &within, s.objective);
+        rtts.push(row);
+    }
+    // Replicas wanted and demand assigned, per offer.
+    let mut count = vec![0u32; offers.len()];
+    let mut load = vec![0.0f64; offers.len()];
+    // The most constrained locations first, then the largest.
+    let mut order: Vec<usize> = (0..n).filter(|l| demand[*l].rate > 0.0).collect();
+    order.sort_by(|a, b| {
+        out.reach[*a]
+            .len()
+            .cmp(&out.reach[*b].len())
+            .then(demand[*b].rate.total_cmp(&demand[*a].rate))
+            .then(a.cmp(b))
+    });
+    let spare = |i: usize, count: &[u32], load: &[f64]| {
+        (f64::from(count[i]) * offers[i].capacity * util - load[i]).max(0.0)
+    };
+    for l in order {
+        let mut left = demand[l].rate;
+        let mut candidates = out.reach[l].clone();
+        if candidates.is_empty() {
+            // Nothing within the SLO: the nearest offer with room serves, outside it.
+            out.beyond_slo[l] = true;
+            let mut by_rtt: Vec<usize> = (0..offers.len()).collect();
+            by_rtt.sort_by(|a, b| rtts[l][*a].total_cmp(&rtts[l][*b]).then(a.cmp(b)));
+            candidates = by_rtt;
+        }
+        // Throughput already wanted elsewhere first, then new replicas at the best offers.
+        for &i in &candidates {
+            let take = spare(i, &count, &load).min(left);
+            if take > 0.0 {
+                load[i] += take;
+                out.served[l].push((i, take));
+                left -= take;
+            }
+        }
+        // Then new replicas at the best offers (by their rates per unit of throughput).
+        for &i in &candidates {
+            if left <= 1e-12 {
+                break;
+            }
+            let o = &offers[i];
+            let per = o.capacity * util;
+            if per <= 0.0 || count[i] >= o.room {
+                continue;
+            }
+            let more = ((left / per).ceil() as u32).min(o.room - count[i]);
+            count[i] += more;
+            let take = spare(i, &count, &load).min(left);
+            load[i] += take;
+            left -= take;
+            match out.served[l].iter_mut().find(|(j, _)| *j == i) {
+                Some(entry) => entry.1 += take,
+                None => out.served[l].push((i, take)),
+            }
+        }
+        out.unserved[l] = left.max(0.0);
+    }
+    clamp_total(offers, demand, &rtts, s, &mut count);
+    for (i, c) in count.iter().enumerate() {
+        if *c > 0 {
+            *out.replicas.entry(offers[i].key.clone()).or_default() += c;
+        }
+    }
+    out
+}
+
+/// The order in which replicas are given up (first = first removed): cloud before partner before owned, spot
+/// before on-demand, then the dearest per unit.
+fn removal_order(offers: &[Offer]) -> Vec<usize> {
+    let mut v: Vec<usize> = (0..offers.len()).collect();
+    v.sort_by(|a, b| {
+        let (x, y) = (&offers[*a], &offers[*b]);
+        tier_rank(y.tier)
+            .cmp(&tier_rank(x.tier))
+            .then(y.key.spot.cmp(&x.key.spot))
+            .then(y.usd_per_unit().total_cmp(&x.usd_per_unit()))
+            .then(a.cmp(b))
+    });
+    v
+}
+
+/// Brings the total within `min_replicas..=max_replicas`: extra replicas go to the offers that reach the most
+/// demand within the SLO (then tier and policy order); replicas over the maximum are given up in removal order.
+fn clamp_total(
+    offers: &[Offer],
+    demand: &[LocationDemand],
+    rtts: &[Vec<f64>],
+    s: &Settings,
+    count: &mut [u32],
+) {
+    let total: u32 = count.iter().sum();
+    if total < s.min_replicas {
+        // Offers ranked by the demand they reach within the SLO, then tier and policy order.
+        let all: Vec<Cand> = (0..offers.len())
+            .map(|i| Cand::of(offers, i, 0.0))
+            .collect();
+        let mut by_reach = preference(offers, &all, s.objective);
+        let reached = |i: usize| -> f64 {
+            demand
+                .iter()
+                .enumerate()
+                .filter(|(l, _)| rtts[*l][i] <= s.slo_ms)
+                .map(|(_, d)| d.rate)
+                .sum()
+        };
+        by_reach.sort_by(|a, b| reached(*b).total_cmp(&reached(*a)));
+        let mut need = s.min_replicas - total;
+        for i in by_reach {
+            let add = need.min(offers[i].room.saturating_sub(count[i]));
+            count[i] += add;
+            need -= add;
+            if need == 0 {
+                break;
+            }
+        }
+    } else if total > s.max_replicas {
+        let mut over = total - s.max_replicas;
+        for i in removal_order(offers) {
+            let cut = over.min(count[i]);
+            count[i] -= cut;
+            over -= cut;
+            if over == 0 {
+                break;
+            }
+        }
+    }
+}
+
+/// Replicas of one key as they are now: serving, and started but not serving yet.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Present {
+    pub ready: u32,
+    pub starting: u32,
+}
+
+impl Present {
+    pub fn total(self) -> u32 {
+        self.ready + self.starting
+    }
+}
+
+/// Why a count changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Why {
+    /// Demand stayed above what the replicas serve for the whole scale-up delay.
+    DemandRose,
+    /// Demand stayed below for the whole scale-down delay.
+    DemandFell,
+    /// A location with demand had no replica within the SLO: covered at once.
+    Uncovered,
+}
+
+/// One change of a key's replica count.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Change {
+    pub key: ReplicaKey,
+    pub from: u32,
+    pub to: u32,
+    pub why: Why,
+}
+
+/// The demand one location has been seen at recently, and the level the scaler plans for.
+#[derive(Clone, Debug, Default)]
+struct Window {
+    /// Rates as reported.
+    raw: VecDeque<(Millis, f64)>,
+    /// The mean over [`DEMAND_WINDOW_MS`] at each step.
+    seen: VecDeque<(Millis, f64)>,
+    planned: f64,
+}
+
+/// Demand is averaged over this sliding window before the delays judge it.
+pub const DEMAND_WINDOW_MS: u64 = 120_000;
+
+impl Window {
+    /// The level seen over the whole of `[now - delay, now]`, by `pick` (min or max), or `None` if what was seen
+    /// does not reach back that far.
+    fn level(&self, now: Millis, delay: u64, pick: fn(f64, f64) -> f64) -> Option<f64> {
+        let start = now.saturating_sub(delay);
+        let first = self.seen.iter().rposition(|(t, _)| *t <= start)?;
+        self.seen.iter().skip(first).map(|(_, r)| *r).reduce(pick)
+    }
+}
+
+/// The hysteresis of one service: a sliding window of demand per location. Each location is planned for the
+/// lowest rate it kept over the whole scale-up delay when that is above its plan, and for the highest rate it
+/// kept over the whole scale-down delay when that is below; a location seen with demand for the first time is
+/// planned for at once. Soft state: a new scaler (after a restart or a takeover) removes nothing until it has
+/// seen a full scale-down delay of demand.
+#[derive(Clone, Debug, Default)]
+pub struct Scaler {
+    windows: BTreeMap<String, Window>,
+    since: Option<Millis>,
+}
+
+impl Scaler {
+    /// The demand to plan for now, from what was just measured.
+    fn planned(
+        &mut self,
+        now: Millis,
+        measured: &[LocationDemand],
+        s: &Settings,
+    ) -> Vec<LocationDemand> {
+        let keep_from = now.saturating_sub(s.up_delay_ms.max(s.down_delay_ms));
+        measured
+            .iter()
+            .map(|d| {
+                let w = self.windows.entry(d.name.clone()).or_default();
+                w.raw.push_back((now, d.rate.max(0.0)));
+                while w
+                    .raw
+                    .front()
+                    .is_some_and(|(t, _)| *t + DEMAND_WINDOW_MS <= now)
+                {
+                    w.raw.pop_front();
+                }
+                let mean = w.raw.iter().map(|(_, r)| r).sum::<f64>() / w.raw.len().max(1) as f64;
+                w.seen.push_back((now, mean));
+                while w.seen.len() > 1 && w.seen[1].0 <= keep_from {
+                    w.seen.pop_front();
+                }
+                let up = w.level(now, s.up_delay_ms, f64::min);
+                let down = w.level(now, s.down_delay_ms, f64::max);
+                w.planned = if w.planned <= 0.0 && mean > 0.0 {
+                    mean
+                } else if let Some(u) = up.filter(|u| *u > w.planned) {
+                    u
+                } else if let Some(x) = down.filter(|x| *x < w.planned) {
+                    x
+                } else {
+                    w.planned
+                };
+                LocationDemand {
+                    rate: w.planned,
+                    ..d.clone()
+                }
+            })
+            .collect()
+    }
+
+    /// Where replicas should be for the demand just measured, and the changes to make now given what runs.
+    /// A count goes up at once; it goes down only when no location the pool reaches waits for a replica that is
+    /// starting (make before break) and the scaler has seen a full scale-down delay.
+    pub fn step(
+        &mut self,
+        now: Millis,
+        offers: &[Offer],
+        measured: &[LocationDemand],
+        present: &BTreeMap<ReplicaKey, Present>,
+        rtt: &RttTable,
+        s: &Settings,
+    ) -> (Desired, Vec<Change>) {
+        let since = *self.since.get_or_insert(now);
+        let planned = self.planned(now, measured, s);
+        let want = desired(offers, &planned, rtt, s);
+        // Keys serving a location that has demand and nothing within reach now.
+        let mut urgent: BTreeSet<&ReplicaKey> = BTreeSet::new();
+        for (l, reach) in want.reach.iter().enumerate() {
+            let covered = reach
+                .iter()
+                .any(|i| present.get(&offers[*i].key).is_some_and(|p| p.total() > 0));
+            if planned[l].rate > 0.0 && !covered {
+                urgent.extend(want.served[l].iter().map(|(i, _)| &offers[*i].key));
+            }
+        }
+        // Make before break, per neighbourhood: a pool gives up replicas only when no location it reaches is
+        // waiting for a replica that is starting.
+        let starting = |i: &usize| present.get(&offers[*i].key).is_some_and(|p| p.starting > 0);
+        let mut held: BTreeSet<&ReplicaKey> = BTreeSet::new();
+        for reach in &want.reach {
+            if reach.iter().any(starting) {
+                held.extend(reach.iter().map(|i| &offers[*i].key));
+            }
+        }
+        let window_seen = now >= since + s.down_delay_ms;
+        let keys: BTreeSet<&ReplicaKey> = present.keys().chain(want.replicas.keys()).collect();
+        let mut changes = Vec::new();
+        for key in keys {
+            let from = present.get(key).map_or(0, |p| p.total());
+            let to = want.replicas.get(key).copied().unwrap_or(0);
+            let why = if to > from && urgent.contains(key) {
+                Why::Uncovered
+            } else if to > from {
+                Why::DemandRose
+            } else if to < from && window_seen && !held.contains(key) {
+                Why::DemandFell
+            } else {
+                continue;
+            };
+            changes.push(Change {
+                key: key.clone(),
+                from,
+                to,
+                why,
+            });
+        }
+        (want, changes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn offer(site: &str, tier: Tier, lon: f64, usd: f64, g: f64, room: u32) -> Offer {
+        Offer {
+            key: ReplicaKey {
+                site: SiteId::new(site).unwrap_or_else(|_| unreachable!()),
+                pool: PoolName::from("gpu"),
+                spot: false,
+            },
+            tier,
+            location: GeoPoint { lat: 40.0, lon },
+            rtt_region: None,
+            room,
+            usd_per_hour: usd,
+            kw: 1.0,
+            g_co2_per_hour: g,
+            capacity: 10.0,
+        }
+    }
+
+    fn at(name: &str, lon: f64, rate: f64) -> LocationDemand {
+        LocationDemand {
+            name: name.to_owned(),
+            location: GeoPoint { lat: 40.0, lon },
+            rtt_region: None,
+            rate,
+        }
+    }
+
+    fn settings(objective: Objective) -> Settings {
+        Settings {
+            slo_ms: 40.0,
+            min_replicas: 0,
+            max_replicas: 1000,
+            utilization: 1.0,
+            objective,
+            up_delay_ms: 60_000,
+            down_delay_ms: 600_000,
+        }
+    }
+
+    fn count(d: &Desired, site: &str) -> u32 {
+        d.replicas
+            .iter()
+            .filter(|(k, _)| k.site.as_str() == site)
+            .map(|(_, c)| *c)
+            .sum()
+    }
+
+    #[test]
+    fn each_location_is_served_within_the_slo_owned_first_then_by_policy() {
+        let offers = vec![
+            offer("cloud-east", Tier::Cloud, -75.0, 1.0, 100.0, 100),
+            offer("dc-east-coal", Tier::Owned, -76.0, 2.0, 400.0, 3),
+            offer("dc-east-hydro", Tier::Owned, -76.5, 2.1, 20.0, 100),
+            offer("dc-west", Tier::Owned, -120.0, 1.0, 50.0, 100),
+        ];
+        let demand = vec![at("new-york", -74.0, 35.0), at("seattle", -122.0, 5.0)];
+        let cost = desired(
+            &offers,
+            &demand,
+            &RttTable::default(),
+            &settings(Objective::Cost),
+        );
+        // The cheap cloud is dearer than owned capacity in tier order; the coal site is the cheapest owned one
+        // and holds three replicas, the rest goes to the next owned one; Seattle is out of reach of the east.
+        assert_eq!(count(&cost, "cloud-east"), 0);
+        assert_eq!(count(&cost, "dc-east-coal"), 3);
+        assert_eq!(count(&cost, "dc-east-hydro"), 1);
+        assert_eq!(count(&cost, "dc-west"), 1);
+        let green = desired(
+            &offers,
+            &demand,
+            &RttTable::default(),
+            &settings(Objective::Carbon),
+        );
+        assert_eq!(count(&green, "dc-east-hydro"), 4);
+        assert_eq!(count(&green, "dc-east-coal"), 0);
+        // Balanced: 5% dearer for 95% less carbon is worth it.
+        let knee = desired(
+            &offers,
+            &demand,
+            &RttTable::default(),
+            &settings(Objective::Knee),
+        );
+        assert_eq!(count(&knee, "dc-east-hydro"), 4);
+        assert!(knee.unserved.iter().all(|u| *u == 0.0));
+        assert!(knee.beyond_slo.iter().all(|b| !b));
+    }
+
+    #[test]
+    fn a_full_owned_tier_spills_to_the_cloud_and_an_unreachable_location_goes_to_the_nearest() {
+        let offers = vec![
+            offer("dc", Tier::Owned, -76.0, 1.0, 10.0, 2),
+            offer("cloud", Tier::Cloud, -77.0, 3.0, 10.0, 100),
+        ];
+        let demand = vec![at("east", -75.0, 45.0), at("tokyo", 139.0, 5.0)];
+        let d = desired(
+            &offers,
+            &demand,
+            &RttTable::default(),
+            &settings(Objective::Cost),
+        );
+        assert_eq!(count(&d, "dc"), 2);
+        assert_eq!(count(&d, "cloud"), 3);
+        assert!(d.beyond_slo[1]);
+        assert!(!d.beyond_slo[0]);
+    }
+
+    #[test]
+    fn spare_throughput_of_a_wanted_replica_is_used_before_a_new_one() {
+        let offers = vec![
+            offer("a", Tier::Owned, -75.0, 1.0, 10.0, 10),
+            offer("b", Tier::Owned, -76.0, 1.5, 10.0, 10),
+        ];
+        // Two nearby cities of 4 req/s each: one replica (10 req/s) of the cheaper site serves both.
+        let demand = vec![at("x", -75.5, 4.0), at("y", -76.2, 4.0)];
+        let d = desired(
+            &offers,
+            &demand,
+            &RttTable::default(),
+            &settings(Objective::Cost),
+        );
+        assert_eq!(d.replicas.values().sum::<u32>(), 1);
+        assert_eq!(count(&d, "a"), 1);
+    }
+
+    #[test]
+    fn the_total_stays_within_min_and_max_and_cloud_goes_first() {
+        let offers = vec![
+            offer("dc", Tier::Owned, -76.0, 1.0, 10.0, 5),
+            offer("cloud", Tier::Cloud, -77.0, 3.0, 10.0, 100),
+        ];
+        let mut s = settings(Objective::Cost);
+        s.min_replicas = 2;
+        let d = desired(&offers, &[], &RttTable::default(), &s);
+        assert_eq!(count(&d, "dc"), 2);
+        s.min_replicas = 0;
+        s.max_replicas = 6;
+        let d = desired(
+            &offers,
+            &[at("east", -75.0, 100.0)],
+            &RttTable::default(),
+            &s,
+        );
+        assert_eq!(count(&d, "dc"), 5);
+        assert_eq!(count(&d, "cloud"), 1);
+    }
+
+    fn present(pairs: &[(&Offer, u32, u32)]) -> BTreeMap<ReplicaKey, Present> {
+        pairs
+            .iter()
+            .map(|(o, ready, starting)| {
+                (
+                    o.key.clone(),
+                    Present {
+                        ready: *ready,
+                        starting: *starting,
+                    },
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn counts_follow_demand_only_after_their_delay_except_for_new_demand() {
+        let offers = vec![offer("dc", Tier::Owned, -76.0, 1.0, 10.0, 100)];
+        let s = settings(Objective::Cost);
+        let rtt = RttTable::default();
+        let mut scaler = Scaler::default();
+        let mut step = |t: u64, rate: f64, p: &BTreeMap<ReplicaKey, Present>| {
+            scaler
+                .step(t, &offers, &[at("east", -75.0, rate)], p, &rtt, &s)
+                .1
+        };
+        // First demand: planned for at once.
+        let c = step(0, 25.0, &present(&[]));
+        assert_eq!((c[0].to, c[0].why), (3, Why::Uncovered));
+        // Demand doubles: not before a minute of it.
+        let three = present(&[(&offers[0], 3, 0)]);
+        assert!(step(30_000, 55.0, &three).is_empty());
+        assert!(step(60_000, 55.0, &three).is_empty());
+        let c = step(90_000, 55.0, &three);
+        assert_eq!((c[0].from, c[0].to, c[0].why), (3, 6, Why::DemandRose));
+        // Demand falls: nothing removed for ten minutes, nor while a replica starts.
+        let six = present(&[(&offers[0], 6, 0)]);
+        for t in (120_000..690_000).step_by(30_000) {
+            assert!(step(t, 5.0, &six).is_empty(), "at {t}");
+        }
+        let starting = present(&[(&offers[0], 5, 1)]);
+        assert!(step(720_000, 5.0, &starting).is_empty());
+        let c = step(750_000, 5.0, &six);
+        assert_eq!((c[0].from, c[0].to, c[0].why), (6, 1, Why::DemandFell));
+        // A short spike is not followed.
+        let one = present(&[(&offers[0], 1, 0)]);
+        assert!(step(780_000, 90.0, &one).is_empty());
+        assert!(step(810_000, 5.0, &one).is_empty());
+        assert!(step(900_000, 5.0, &one).is_empty());
+    }
+
+    #[test]
+    fn a_new_scaler_removes_nothing_before_a_full_window() {
+        let offers = vec![offer("dc", Tier::Owned, -76.0, 1.0, 10.0, 100)];
+        let s = settings(Objective::Cost);
+        let mut scaler = Scaler::default();
+        let running = present(&[(&offers[0], 8, 0)]);
+        let low = [at("east", -75.0, 5.0)];
+        for t in (0..=600_000).step_by(60_000) {
+            let (_, c) = scaler.step(
+                1_000_000 + t,
+                &offers,
+                &low,
+                &running,
+                &RttTable::default(),
+                &s,
+            );
+            assert_eq!(c.is_empty(), t < 600_000, "at {t}: {c:?}");
+        }
+    }
+
+    #[test]
+    fn demand_that_moves_moves_the_replicas_new_ones_first() {
+        let offers = vec![
+            offer("east", Tier::Owned, -75.0, 1.0, 10.0, 100),
+            offer("west", Tier::Owned, -120.0, 1.0, 10.0, 100),
+        ];
+        let s = settings(Objective::Cost);
+        let rtt = RttTable::default();
+        let mut scaler = Scaler::default();
+        let day = |e: f64, w: f64| [at("ny", -74.0, e), at("seattle", -121.0, w)];
+        scaler.step(0, &offers, &day(30.0, 0.0), &present(&[]), &rtt, &s);
+        // Demand moves west: the west starts at once (nothing serves it); the east keeps its replicas while
+        // the west starts, and gives them up after the delay.
+        let mut p = present(&[(&offers[0], 3, 0)]);
+        let (_, c) = scaler.step(60_000, &offers, &day(0.0, 30.0), &p, &rtt, &s);
+        assert_eq!(c.len(), 1);
+        assert_eq!(
+            (c[0].key.site.as_str(), c[0].to, c[0].why),
+            ("west", 3, Why::Uncovered)
+        );
+        p = present(&[(&offers[0], 3, 0), (&offers[1], 0, 3)]);
+        let (_, c) = scaler.step(700_000, &offers, &day(0.0, 30.0), &p, &rtt, &s);
+        assert!(c.is_empty(), "{c:?}");
+        p = present(&[(&offers[0], 3, 0), (&offers[1], 3, 0)]);
+        let (_, c) = scaler.step(720_000, &offers, &day(0.0, 30.0), &p, &rtt, &s);
+        assert_eq!(
+            (c[0].key.site.as_str(), c[0].to, c[0].why),
+            ("east", 0, Why::DemandFell)
+        );
+    }
+
+    #[test]
+    fn weights_are_refused_for_a_service() {
+        let w = Policy::Weights(meridian_federation::Weights::default());
+        assert!(Objective::of(&w).is_err());
+        assert_eq!(Objective::of(&Policy::Balanced), Ok(Objective::Knee));
+    }
+}
