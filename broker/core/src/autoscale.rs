@@ -595,8 +595,12 @@ impl Scaler {
             }
         }
         // Make before break, per neighbourhood: a pool gives up replicas only when no location it reaches is
-        // waiting for a replica that is starting.
-        let starting = |i: &usize| present.get(&offers[*i].key).is_some_and(|p| p.starting > 0);
+        // waiting for a replica that is starting, or is about to start in this step.
+        let starting = |i: &usize| {
+            let key = &offers[*i].key;
+            let have = present.get(key).copied().unwrap_or_default();
+            have.starting > 0 || want.replicas.get(key).copied().unwrap_or(0) > have.total()
+        };
         let mut held: BTreeSet<&ReplicaKey> = BTreeSet::new();
         for reach in &want.reach {
             if reach.iter().any(starting) {
@@ -627,6 +631,92 @@ impl Scaler {
         }
         (want, changes)
     }
+}
+
+/// Replicas of one pool that a location may be routed to, with the share of its requests to send there.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RouteTo {
+    pub key: ReplicaKey,
+    pub replicas: u32,
+    pub rtt_ms: f64,
+    /// Shares of one location's routes add up to 1.
+    pub weight: f64,
+}
+
+/// The routes of one location: every pool with ready replicas within the SLO.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LocationRoutes {
+    pub location: String,
+    pub routes: Vec<RouteTo>,
+}
+
+/// The routing table a gateway or DNS follows: for each location, the pools with ready replicas within the SLO,
+/// weighted by their spare capacity — a pool's ready throughput divided by the demand of all the locations that
+/// can reach it, so that a pool many locations share gets a smaller share of each. A location with none in
+/// reach gets an empty list (the gateway's fallback is its own).
+pub fn routes(
+    offers: &[Offer],
+    ready: &BTreeMap<ReplicaKey, u32>,
+    demand: &[LocationDemand],
+    rtt: &RttTable,
+    slo_ms: f64,
+) -> Vec<LocationRoutes> {
+    let live: Vec<(&Offer, u32)> = offers
+        .iter()
+        .filter_map(|o| ready.get(&o.key).filter(|n| **n > 0).map(|n| (o, *n)))
+        .collect();
+    let reach: Vec<Vec<(usize, f64)>> = demand
+        .iter()
+        .map(|d| {
+            live.iter()
+                .enumerate()
+                .map(|(k, (o, _))| {
+                    let r = rtt_ms(
+                        rtt,
+                        d.location,
+                        d.rtt_region.as_deref(),
+                        o.location,
+                        o.rtt_region.as_deref(),
+                    );
+                    (k, r)
+                })
+                .filter(|(_, r)| *r <= slo_ms)
+                .collect()
+        })
+        .collect();
+    let mut sharing = vec![0.0f64; live.len()];
+    for (l, near) in reach.iter().enumerate() {
+        for (k, _) in near {
+            sharing[*k] += demand[l].rate.max(1e-9);
+        }
+    }
+    demand
+        .iter()
+        .zip(&reach)
+        .map(|(d, near)| {
+            let raw: Vec<f64> = near
+                .iter()
+                .map(|(k, _)| {
+                    let (o, n) = live[*k];
+                    f64::from(n) * o.capacity / sharing[*k].max(1e-9)
+                })
+                .collect();
+            let total: f64 = raw.iter().sum::<f64>().max(1e-12);
+            LocationRoutes {
+                location: d.name.clone(),
+                routes: near
+                    .iter()
+                    .zip(raw)
+                    .map(|((k, r), w)| RouteTo {
+                        key: live[*k].0.key.clone(),
+                        replicas: live[*k].1,
+                        rtt_ms: *r,
+                        weight: w / total,
+                    })
+                    .collect(),
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -809,26 +899,48 @@ mod tests {
         // First demand: planned for at once.
         let c = step(0, 25.0, &present(&[]));
         assert_eq!((c[0].to, c[0].why), (3, Why::Uncovered));
-        // Demand doubles: not before a minute of it.
+        // Demand doubles: nothing for a minute, then up to the level its sliding mean held over that minute.
         let three = present(&[(&offers[0], 3, 0)]);
         assert!(step(30_000, 55.0, &three).is_empty());
         assert!(step(60_000, 55.0, &three).is_empty());
         let c = step(90_000, 55.0, &three);
-        assert_eq!((c[0].from, c[0].to, c[0].why), (3, 6, Why::DemandRose));
-        // Demand falls: nothing removed for ten minutes, nor while a replica starts.
-        let six = present(&[(&offers[0], 6, 0)]);
-        for t in (120_000..690_000).step_by(30_000) {
-            assert!(step(t, 5.0, &six).is_empty(), "at {t}");
+        assert_eq!((c[0].from, c[0].why), (3, Why::DemandRose));
+        assert!(c[0].to > 3 && c[0].to < 6, "{c:?}");
+        let part = present(&[(&offers[0], c[0].to, 0)]);
+        for t in [120_000, 150_000] {
+            step(t, 55.0, &part);
         }
+        let c = step(180_000, 55.0, &part);
+        assert_eq!((c[0].to, c[0].why), (6, Why::DemandRose));
+        // Demand falls: nothing is removed before ten minutes of it, nor while a replica starts.
+        let six = present(&[(&offers[0], 6, 0)]);
         let starting = present(&[(&offers[0], 5, 1)]);
-        assert!(step(720_000, 5.0, &starting).is_empty());
-        let c = step(750_000, 5.0, &six);
-        assert_eq!((c[0].from, c[0].to, c[0].why), (6, 1, Why::DemandFell));
-        // A short spike is not followed.
+        let mut removed = None;
+        for t in (210_000..2_000_000).step_by(30_000) {
+            if t >= 900_000 && removed.is_none() {
+                assert!(step(t, 5.0, &starting).is_empty(), "at {t}, while starting");
+            }
+            let c = step(t, 5.0, &six);
+            if let Some(c) = c.first() {
+                assert_eq!((c.from, c.why), (6, Why::DemandFell));
+                assert!(c.to < 6);
+                removed = Some(t);
+                break;
+            }
+        }
+        let at = removed.expect("removed in the end");
+        assert!(at >= 210_000 + 600_000, "removed at {at}");
+        // Down to what the low demand needs once its mean has held for the delay.
+        let c = step(at + 600_000, 5.0, &six);
+        assert_eq!((c[0].from, c[0].to), (6, 1));
+        // A spike is not followed at once.
         let one = present(&[(&offers[0], 1, 0)]);
-        assert!(step(780_000, 90.0, &one).is_empty());
-        assert!(step(810_000, 5.0, &one).is_empty());
-        assert!(step(900_000, 5.0, &one).is_empty());
+        let base = at + 1_000_000;
+        for t in (base..base + 700_000).step_by(30_000) {
+            step(t, 5.0, &one);
+        }
+        assert!(step(base + 700_000, 90.0, &one).is_empty());
+        assert!(step(base + 730_000, 5.0, &one).is_empty());
     }
 
     #[test]
@@ -852,34 +964,77 @@ mod tests {
     }
 
     #[test]
-    fn demand_that_moves_moves_the_replicas_new_ones_first() {
-        let offers = vec![
+    fn a_move_starts_the_new_replicas_before_it_stops_the_old_ones() {
+        let mut offers = vec![
             offer("east", Tier::Owned, -75.0, 1.0, 10.0, 100),
-            offer("west", Tier::Owned, -120.0, 1.0, 10.0, 100),
+            offer("west", Tier::Owned, -80.0, 1.0, 100.0, 100),
         ];
-        let s = settings(Objective::Cost);
+        let s = settings(Objective::Carbon);
         let rtt = RttTable::default();
         let mut scaler = Scaler::default();
-        let day = |e: f64, w: f64| [at("ny", -74.0, e), at("seattle", -121.0, w)];
-        scaler.step(0, &offers, &day(30.0, 0.0), &present(&[]), &rtt, &s);
-        // Demand moves west: the west starts at once (nothing serves it); the east keeps its replicas while
-        // the west starts, and gives them up after the delay.
-        let mut p = present(&[(&offers[0], 3, 0)]);
-        let (_, c) = scaler.step(60_000, &offers, &day(0.0, 30.0), &p, &rtt, &s);
-        assert_eq!(c.len(), 1);
+        let demand = [at("pittsburgh", -77.5, 30.0)];
+        let (_, c) = scaler.step(0, &offers, &demand, &present(&[]), &rtt, &s);
+        assert_eq!((c[0].key.site.as_str(), c[0].to), ("east", 3));
+        // The east's grid gets dirty at the next hour: the replicas move west.
+        offers[0].g_co2_per_hour = 1000.0;
+        let east_only = present(&[(&offers[0], 3, 0)]);
+        let (_, c) = scaler.step(3_600_000, &offers, &demand, &east_only, &rtt, &s);
+        assert_eq!(c.len(), 1, "{c:?}");
         assert_eq!(
             (c[0].key.site.as_str(), c[0].to, c[0].why),
-            ("west", 3, Why::Uncovered)
+            ("west", 3, Why::DemandRose)
         );
-        p = present(&[(&offers[0], 3, 0), (&offers[1], 0, 3)]);
-        let (_, c) = scaler.step(700_000, &offers, &day(0.0, 30.0), &p, &rtt, &s);
+        // While the west starts, the east keeps its replicas.
+        let starting = present(&[(&offers[0], 3, 0), (&offers[1], 0, 3)]);
+        let (_, c) = scaler.step(3_660_000, &offers, &demand, &starting, &rtt, &s);
         assert!(c.is_empty(), "{c:?}");
-        p = present(&[(&offers[0], 3, 0), (&offers[1], 3, 0)]);
-        let (_, c) = scaler.step(720_000, &offers, &day(0.0, 30.0), &p, &rtt, &s);
-        assert_eq!(
-            (c[0].key.site.as_str(), c[0].to, c[0].why),
-            ("east", 0, Why::DemandFell)
+        // Once the west serves, the east goes.
+        let both = present(&[(&offers[0], 3, 0), (&offers[1], 3, 0)]);
+        let (_, c) = scaler.step(3_720_000, &offers, &demand, &both, &rtt, &s);
+        assert_eq!(c.len(), 1, "{c:?}");
+        assert_eq!((c[0].key.site.as_str(), c[0].to), ("east", 0));
+    }
+
+    #[test]
+    fn routes_go_to_ready_replicas_within_the_slo_weighted_by_spare_capacity() {
+        let offers = vec![
+            offer("shared", Tier::Owned, -75.0, 1.0, 10.0, 100),
+            offer("mine", Tier::Owned, -80.0, 1.0, 10.0, 100),
+            offer("far", Tier::Owned, 10.0, 1.0, 10.0, 100),
+        ];
+        let ready: BTreeMap<ReplicaKey, u32> = [(&offers[0], 2), (&offers[1], 2), (&offers[2], 5)]
+            .iter()
+            .map(|(o, n)| (o.key.clone(), *n))
+            .collect();
+        // Two locations share "shared"; only the first reaches "mine".
+        let demand = [
+            at("a", -77.5, 10.0),
+            at("b", -72.0, 10.0),
+            at("tokyo", 139.0, 1.0),
+        ];
+        let table = routes(&offers, &ready, &demand, &RttTable::default(), 10.0);
+        let a = &table[0].routes;
+        assert_eq!(a.len(), 2);
+        let w = |site: &str| {
+            a.iter()
+                .find(|r| r.key.site.as_str() == site)
+                .map(|r| r.weight)
+        };
+        // "mine" serves a alone (20 of capacity for 10 of demand); "shared" splits its 20 over 20 of demand.
+        assert!((w("mine").unwrap_or(0.0) - 2.0 / 3.0).abs() < 1e-9, "{a:?}");
+        assert!((a.iter().map(|r| r.weight).sum::<f64>() - 1.0).abs() < 1e-9);
+        assert_eq!(table[1].routes.len(), 1);
+        assert_eq!(table[1].routes[0].key.site.as_str(), "shared");
+        assert_eq!(table[1].routes[0].weight, 1.0);
+        assert!(
+            table[2].routes.is_empty(),
+            "nothing within the SLO of Tokyo"
         );
+        // A replica that is not ready is not routed to.
+        let none: BTreeMap<ReplicaKey, u32> = BTreeMap::new();
+        assert!(routes(&offers, &none, &demand, &RttTable::default(), 10.0)
+            .iter()
+            .all(|l| l.routes.is_empty()));
     }
 
     #[test]

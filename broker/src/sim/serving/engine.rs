@@ -1,7 +1,7 @@
 //! The serving simulator's clock: one step a minute. At each step the scaling rule under test sees the demand
 //! of the minute before (the autoscaler's window), starts and stops replicas, and the minute's demand is served
-//! by the replicas ready then: each city's requests go to the nearest ready replicas within the SLO that have
-//! throughput to spare (the cities with the fewest such replicas first); what finds none is missed.
+//! by the replicas ready then: each city's requests as the routing table weights them, then, where those were
+//! full, to the nearest other ready replicas within the SLO with throughput to spare; what finds none is missed.
 //!
 //! The service runs alone on the federation. A replica serves from `startup` minutes after it starts, and is
 //! billed and metered (its pool's price, power × share × PUE, the site's grid intensity of the hour) from its
@@ -10,7 +10,8 @@
 use super::demand::DemandMatrix;
 use crate::sim::federation::SimFederation;
 use meridian_core::autoscale::{
-    desired, offers, LocationDemand, Objective, Offer, Present, ReplicaKey, Scaler, Settings,
+    desired, offers, routes, LocationDemand, Objective, Offer, Present, ReplicaKey, Scaler,
+    Settings,
 };
 use meridian_core::durable::FORMAT_VERSION;
 use meridian_core::latency::rtt_ms;
@@ -274,8 +275,10 @@ impl Run<'_, '_> {
         }
     }
 
-    /// Serves minute `m`'s demand with the replicas ready then.
-    fn serve(&mut self, m: usize) {
+    /// Serves minute `m`'s demand with the replicas ready then: each city's requests first as the routing
+    /// table (built from the minute before's demand) weights them, then what found those replicas full to the
+    /// nearest other replicas within the SLO with throughput to spare.
+    fn serve(&mut self, m: usize, offers: &[Offer]) {
         let ctx = self.ctx;
         let ready: Vec<usize> = self
             .live
@@ -287,46 +290,73 @@ impl Run<'_, '_> {
             .iter()
             .map(|i| (*i, self.out.replicas[*i].capacity * 60.0))
             .collect();
-        let row = ctx.demand.minute(m);
-        let mut reach: Vec<(usize, Vec<(f64, usize)>)> = (0..ctx.cities.len())
-            .filter(|c| row[*c] > 0.0)
-            .map(|c| {
-                let mut near: Vec<(f64, usize)> = ready
-                    .iter()
-                    .map(|i| (ctx.rtt[c][ctx.site_of(&self.out.replicas[*i].key)], *i))
-                    .filter(|(r, _)| *r <= ctx.settings.slo_ms)
-                    .collect();
-                near.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-                (c, near)
-            })
+        let mut by_key: BTreeMap<ReplicaKey, Vec<usize>> = BTreeMap::new();
+        for i in &ready {
+            by_key
+                .entry(self.out.replicas[*i].key.clone())
+                .or_default()
+                .push(*i);
+        }
+        let counts: BTreeMap<ReplicaKey, u32> = by_key
+            .iter()
+            .map(|(k, v)| (k.clone(), v.len() as u32))
             .collect();
-        reach.sort_by_key(|(c, near)| (near.len(), *c));
-        for (c, near) in reach {
-            let mut left = row[c];
-            self.out.demand += left;
+        let table = routes(
+            offers,
+            &counts,
+            &ctx.measured(m.saturating_sub(1)),
+            &ctx.fed.rtt,
+            ctx.settings.slo_ms,
+        );
+        let row = ctx.demand.minute(m);
+        let mut left: Vec<f64> = row.to_vec();
+        let mut take = |out: &mut Outcome, c: usize, i: usize, want: f64, left: &mut f64| {
+            let room = spare.get(&i).copied().unwrap_or(0.0);
+            let amount = room.min(want).min(*left);
+            if amount > 0.0 {
+                spare.insert(i, room - amount);
+                *left -= amount;
+                out.served += amount;
+                out.routes.push(Route {
+                    minute: m as u32,
+                    city: c as u32,
+                    replica: i as u32,
+                    amount,
+                });
+            }
+            amount
+        };
+        for (c, lr) in table.iter().enumerate() {
+            for r in &lr.routes {
+                let mut share = row[c] * r.weight;
+                for i in by_key.get(&r.key).into_iter().flatten() {
+                    share -= take(&mut self.out, c, *i, share, &mut left[c]);
+                    if share <= 0.0 {
+                        break;
+                    }
+                }
+            }
+        }
+        for c in (0..ctx.cities.len()).filter(|c| row[*c] > 0.0) {
+            self.out.demand += row[c];
+            let mut near: Vec<(f64, usize)> = ready
+                .iter()
+                .map(|i| (ctx.rtt[c][ctx.site_of(&self.out.replicas[*i].key)], *i))
+                .filter(|(r, _)| *r <= ctx.settings.slo_ms)
+                .collect();
             if near.is_empty() {
-                self.out.unreached += left;
+                self.out.unreached += left[c];
                 continue;
             }
+            near.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
             for (_, i) in near {
-                let room = spare.get(&i).copied().unwrap_or(0.0);
-                let take = room.min(left);
-                if take > 0.0 {
-                    spare.insert(i, room - take);
-                    left -= take;
-                    self.out.served += take;
-                    self.out.routes.push(Route {
-                        minute: m as u32,
-                        city: c as u32,
-                        replica: i as u32,
-                        amount: take,
-                    });
-                }
-                if left <= 0.0 {
+                if left[c] <= 0.0 {
                     break;
                 }
+                let want = left[c];
+                take(&mut self.out, c, i, want, &mut left[c]);
             }
-            self.out.overflow += left.max(0.0);
+            self.out.overflow += left[c].max(0.0);
         }
     }
 }
@@ -430,7 +460,7 @@ pub fn run(ctx: &Ctx<'_>, scaling: Scaling) -> Outcome {
         }
         run.out.peak_replicas = run.out.peak_replicas.max(run.live.len());
         run.meter(&offers, &by_key);
-        run.serve(m);
+        run.serve(m, &offers);
     }
     run.out
 }
