@@ -226,6 +226,67 @@ impl Client {
         .await
     }
 
+    /// Deploys a service from its file's body (JSON).
+    pub async fn deploy_service(
+        &self,
+        body: Vec<u8>,
+    ) -> anyhow::Result<meridian_federation::ServiceView> {
+        self.raw(api::SERVICE_DEPLOY, body).await
+    }
+
+    fn service_ref(
+        tenant: Option<&meridian_federation::TenantId>,
+        name: Option<&meridian_federation::ServiceName>,
+    ) -> meridian_federation::ServiceRef {
+        meridian_federation::ServiceRef {
+            v: WIRE_VERSION,
+            tenant: tenant.cloned(),
+            name: name.cloned(),
+        }
+    }
+
+    pub async fn services(
+        &self,
+        tenant: Option<&meridian_federation::TenantId>,
+    ) -> anyhow::Result<Vec<meridian_federation::ServiceView>> {
+        self.call(api::SERVICE_LIST, &Self::service_ref(tenant, None))
+            .await
+    }
+
+    pub async fn service(
+        &self,
+        tenant: Option<&meridian_federation::TenantId>,
+        name: &meridian_federation::ServiceName,
+    ) -> anyhow::Result<meridian_federation::ServiceView> {
+        self.call(api::SERVICE_SHOW, &Self::service_ref(tenant, Some(name)))
+            .await
+    }
+
+    pub async fn delete_service(
+        &self,
+        tenant: Option<&meridian_federation::TenantId>,
+        name: &meridian_federation::ServiceName,
+    ) -> anyhow::Result<meridian_federation::ScaleInReply> {
+        self.call(api::SERVICE_DELETE, &Self::service_ref(tenant, Some(name)))
+            .await
+    }
+
+    pub async fn service_routes(
+        &self,
+        tenant: Option<&meridian_federation::TenantId>,
+        name: &meridian_federation::ServiceName,
+    ) -> anyhow::Result<meridian_federation::RoutesView> {
+        self.call(api::SERVICE_ROUTES, &Self::service_ref(tenant, Some(name)))
+            .await
+    }
+
+    pub async fn report_demand(
+        &self,
+        report: &meridian_federation::DemandReport,
+    ) -> anyhow::Result<Empty> {
+        self.call(api::SERVICE_DEMAND, report).await
+    }
+
     pub async fn sites(&self) -> anyhow::Result<Vec<meridian_federation::SiteView>> {
         self.call(api::LIST_SITES, &Empty { v: WIRE_VERSION }).await
     }

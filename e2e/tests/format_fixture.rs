@@ -1,6 +1,7 @@
 //! Writes a journal fixture of the newest durable format from a real run (`broker/core/tests/fixtures/`):
 //! jobs that succeed, fail, are cancelled and keep running, an API token created and revoked, a site revoked
-//! and let back in, unpinned jobs under the balanced, carbon-price and cost-premium policies, a kill -9 of the broker and its restart. Run by hand when a format is added (fixtures are
+//! and let back in, unpinned jobs under the balanced, carbon-price and cost-premium policies, services deployed
+//! (one with its replica running, one deleted), a kill -9 of the broker and its restart. Run by hand when a format is added (fixtures are
 //! never regenerated):
 //!   MERIDIAN_FIXTURE_DIR=broker/core/tests/fixtures/format-N \
 //!     cargo test -p meridian-e2e --test format_fixture -- --ignored --nocapture
@@ -68,6 +69,30 @@ fn write_a_journal_fixture_of_the_newest_format() {
         let id = f.submit(&j);
         f.wait_phase(&id, "succeeded", LONG);
     }
+    // Services (format 5): one deployed, its replica started by the autoscaler; another deployed and deleted.
+    let service = |name: &str| {
+        json!({
+            "name": name, "tenant": "e2e", "resources": {"kind": "gpu", "count": 1},
+            "throughput": {"requests_per_s": 5.0}, "slo_ms": 50, "min_replicas": 1, "max_replicas": 2,
+            "scale_up_delay_s": 0, "scale_down_delay_s": 2, "demand_window_s": 1, "policy": "cost",
+            "run": {"command": "sleep 600"}
+        })
+        .to_string()
+    };
+    for name in ["chat", "gone"] {
+        let (code, body) = f.post("/v1/services", service(name).as_bytes());
+        assert_eq!(code, 200, "{body}");
+    }
+    f.wait_until("a replica of each service running", LONG, || {
+        let jobs = f.jobs();
+        ["chat-", "gone-"].iter().all(|p| {
+            jobs.iter().any(|j| {
+                j["phase"] == "running" && j["name"].as_str().is_some_and(|n| n.starts_with(p))
+            })
+        })
+    });
+    let (code, body) = f.delete("/v1/services/gone?tenant=e2e");
+    assert_eq!(code, 200, "{body}");
     f.fed.restart_broker().unwrap();
     let last = f.submit(&pinned("after-restart", "site-a", "true"));
     f.wait_phase(&last, "succeeded", LONG);

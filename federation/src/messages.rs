@@ -773,6 +773,9 @@ pub struct ServiceSpec {
     /// How long demand must stay below before replicas are removed, seconds.
     #[serde(default = "six_hundred")]
     pub scale_down_delay_s: u64,
+    /// Each location's demand is the mean of its reports over this sliding window, seconds.
+    #[serde(default = "sixty")]
+    pub demand_window_s: u64,
     /// The share of a replica's throughput it is loaded to; the rest is headroom for bursts.
     #[serde(default = "default_utilization")]
     pub target_utilization: f64,
@@ -965,6 +968,103 @@ pub struct ScaleInRequest {
     pub tenant: TenantId,
     pub service: ServiceName,
     pub remove: u32,
+}
+
+/// A service named by a caller: a tenant's token names its own tenant (or none); an administrator names it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceRef {
+    #[serde(default = "v1")]
+    pub v: u32,
+    #[serde(default)]
+    pub tenant: Option<TenantId>,
+    /// Absent in a listing.
+    #[serde(default)]
+    pub name: Option<ServiceName>,
+}
+
+/// The demand of one user location, as a gateway measured it over its last interval.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LocationRate {
+    /// The location's name (a city, a gateway): its window is kept under this name.
+    pub name: String,
+    pub location: GeoPoint,
+    /// Its region in the measured round-trip table, when known.
+    #[serde(default)]
+    pub rtt_region: Option<String>,
+    /// Demand per second, in the service's unit (requests, or tokens).
+    pub per_s: f64,
+}
+
+/// A gateway's report of request rates per user location.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DemandReport {
+    #[serde(default = "v1")]
+    pub v: u32,
+    #[serde(default)]
+    pub tenant: Option<TenantId>,
+    pub service: ServiceName,
+    pub locations: Vec<LocationRate>,
+}
+
+/// One replica of a service as `meridian service show` lists it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ServiceReplicaView {
+    pub job: JobId,
+    pub site: SiteId,
+    pub pool: Option<PoolName>,
+    /// `starting` (waiting, offered or accepted) or `running`.
+    pub state: String,
+    pub usd_per_hour: f64,
+    pub co2_g_per_hour: f64,
+    /// The demand the autoscaler's plan gives this replica's pool, per replica (unit per second).
+    pub serves_per_s: f64,
+}
+
+/// A change the autoscaler made to a pool's replica count, and why.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ServiceChangeView {
+    pub at_ms: u64,
+    pub site: SiteId,
+    pub pool: PoolName,
+    pub from: u32,
+    pub to: u32,
+    pub why: String,
+}
+
+/// A service: its spec, replicas, the demand its autoscaler plans for and its recent changes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ServiceView {
+    pub spec: ServiceSpec,
+    pub replicas: Vec<ServiceReplicaView>,
+    pub demand: Vec<LocationRate>,
+    pub changes: Vec<ServiceChangeView>,
+}
+
+/// One pool a location may be routed to.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RouteView {
+    pub site: SiteId,
+    pub pool: PoolName,
+    pub replicas: u32,
+    pub rtt_ms: f64,
+    pub weight: f64,
+}
+
+/// The routing table of a service: per user location, the pools with running replicas within the SLO.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RoutesView {
+    pub tenant: TenantId,
+    pub service: ServiceName,
+    pub locations: Vec<LocationRoutesView>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LocationRoutesView {
+    pub location: String,
+    pub routes: Vec<RouteView>,
 }
 
 /// Read (`toml` absent) or replace the broker's tenancy (queues, quotas, priority classes, budgets): an

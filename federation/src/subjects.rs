@@ -123,6 +123,18 @@ pub mod api {
     pub const DRAIN: &str = "meridian.v1.api.sites.drain";
     /// [`crate::ScaleInRequest`] → [`crate::ScaleInReply`].
     pub const SCALE_IN: &str = "meridian.v1.api.services.scale_in";
+    /// Deploy or replace a service (`ServiceSpec` → `ServiceView`).
+    pub const SERVICE_DEPLOY: &str = "meridian.v1.api.services.deploy";
+    /// The services the caller sees (`ServiceRef` with no name → `Vec<ServiceView>`).
+    pub const SERVICE_LIST: &str = "meridian.v1.api.services.list";
+    /// One service with its replicas, demand and recent changes (`ServiceRef` → `ServiceView`).
+    pub const SERVICE_SHOW: &str = "meridian.v1.api.services.show";
+    /// Delete a service and stop its replicas (`ServiceRef` → `ScaleInReply`).
+    pub const SERVICE_DELETE: &str = "meridian.v1.api.services.delete";
+    /// A gateway's report of request rates per user location (`DemandReport` → `Empty`).
+    pub const SERVICE_DEMAND: &str = "meridian.v1.api.services.demand";
+    /// The routing table of a service (`ServiceRef` → `RoutesView`).
+    pub const SERVICE_ROUTES: &str = "meridian.v1.api.services.routes";
     /// The metering ledger (`ReportRequest` → `ReportView`).
     pub const REPORT: &str = "meridian.v1.api.report";
     /// Jobs submitted in a window with their attempts, for capacity what-ifs (`HistoryRequest` →

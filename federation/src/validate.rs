@@ -310,6 +310,7 @@ impl Validate for ServiceSpec {
             0,
             7 * 24 * 3600,
         )?;
+        range_u64("demand_window_s", self.demand_window_s, 1, 3600)?;
         range_f64("target_utilization", self.target_utilization, 0.05, 1.0)?;
         if let Some(Policy::Weights(_)) = &self.policy {
             return bad(
@@ -584,6 +585,35 @@ impl Validate for ScaleInRequest {
     fn validate(&self) -> R {
         token("service", &self.service)?;
         range_u64("remove", self.remove.into(), 1, 100_000)
+    }
+}
+
+impl Validate for ServiceRef {
+    versioned!(ServiceRef);
+
+    fn validate(&self) -> R {
+        if let Some(n) = &self.name {
+            token("name", n)?;
+        }
+        Ok(())
+    }
+}
+
+impl Validate for DemandReport {
+    versioned!(DemandReport);
+
+    fn validate(&self) -> R {
+        token("service", &self.service)?;
+        count_limit("locations", self.locations.len(), MAX_USERS)?;
+        for (i, l) in self.locations.iter().enumerate() {
+            name(&format!("locations[{i}].name"), &l.name, 128)?;
+            location(&format!("locations[{i}].location"), &l.location)?;
+            range_f64(&format!("locations[{i}].per_s"), l.per_s, 0.0, 1e12)?;
+            if let Some(r) = &l.rtt_region {
+                name(&format!("locations[{i}].rtt_region"), r, 64)?;
+            }
+        }
+        Ok(())
     }
 }
 

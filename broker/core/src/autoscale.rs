@@ -191,6 +191,8 @@ pub struct Settings {
     pub objective: Objective,
     pub up_delay_ms: u64,
     pub down_delay_ms: u64,
+    /// Each location's demand is the mean of what was measured over this sliding window.
+    pub window_ms: u64,
 }
 
 /// Where replicas should be now, and who each serves.
@@ -495,13 +497,10 @@ pub struct Change {
 struct Window {
     /// Rates as reported.
     raw: VecDeque<(Millis, f64)>,
-    /// The mean over [`DEMAND_WINDOW_MS`] at each step.
+    /// The mean over the demand window at each step.
     seen: VecDeque<(Millis, f64)>,
     planned: f64,
 }
-
-/// Demand is averaged over this sliding window before the delays judge it.
-pub const DEMAND_WINDOW_MS: u64 = 120_000;
 
 impl Window {
     /// The level seen over the whole of `[now - delay, now]`, by `pick` (min or max), or `None` if what was seen
@@ -538,11 +537,7 @@ impl Scaler {
             .map(|d| {
                 let w = self.windows.entry(d.name.clone()).or_default();
                 w.raw.push_back((now, d.rate.max(0.0)));
-                while w
-                    .raw
-                    .front()
-                    .is_some_and(|(t, _)| *t + DEMAND_WINDOW_MS <= now)
-                {
+                while w.raw.front().is_some_and(|(t, _)| *t + s.window_ms <= now) {
                     w.raw.pop_front();
                 }
                 let mean = w.raw.iter().map(|(_, r)| r).sum::<f64>() / w.raw.len().max(1) as f64;
@@ -759,6 +754,7 @@ mod tests {
             objective,
             up_delay_ms: 60_000,
             down_delay_ms: 600_000,
+            window_ms: 120_000,
         }
     }
 

@@ -38,8 +38,10 @@ pub struct Pool {
     pub memory_mib: u64,
     pub power_watts: u32,
     pub price_micro_usd_per_hour: u64,
-    /// The spot price, where the pool sells spot capacity (a replica of a service that allows spot).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The spot price, where the pool sells spot capacity (a replica of a service that allows spot). Not kept
+    /// in snapshots (snapshots of earlier formats lack it): a restored broker learns it from the site's next
+    /// changed advert.
+    #[serde(skip)]
     pub spot_price_micro_usd_per_hour: Option<u64>,
     pub milli_sharing: bool,
     /// MIG-style profiles the devices can be sliced into.

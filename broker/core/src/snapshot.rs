@@ -44,6 +44,9 @@ pub struct Snapshot {
     /// What each tenant's jobs under a premium rule have spent (tenant, policy, spent). (Format 4.)
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub premiums: Vec<(TenantId, String, crate::placement::Spent)>,
+    /// Deployed services. (Format 5.)
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub services: Vec<meridian_federation::ServiceSpec>,
 }
 
 fn changed() -> bool {
@@ -81,6 +84,7 @@ impl State {
                 .iter()
                 .map(|((t, p), s)| (t.clone(), p.clone(), *s))
                 .collect(),
+            services: self.services.values().cloned().collect(),
         }
     }
 }

@@ -208,6 +208,39 @@ fn a_format_4_snapshot_plus_the_batches_after_it_is_the_whole_journal() {
     snapshot_plus_the_batches_after_it_is_the_whole_journal(4);
 }
 
+/// Format 5 adds services: deployed and deleted as journaled events, their replicas submitted and cancelled by the
+/// autoscaler as ordinary jobs. Its journal (the format 4 run plus a service with a running replica and one
+/// deployed and deleted) replays to exactly what its broker reported, with the one service left.
+#[test]
+fn a_format_5_journal_replays_to_exactly_what_its_broker_reported_with_its_services() {
+    let batches = batches(5);
+    assert!(batches.iter().all(|b| b.format == 5));
+    let mut r = reactor(5);
+    r.replay_batches(&batches);
+    r.sanity_check().unwrap();
+    let want: Vec<JobView> = serde_json::from_str(&fixture(5, "jobs.json")).unwrap();
+    assert_eq!(want.len(), 13);
+    same(
+        &serde_json::to_value(job_views(&r)).unwrap(),
+        &serde_json::to_value(&want).unwrap(),
+        "",
+    );
+    let services: Vec<String> = r
+        .state()
+        .services()
+        .keys()
+        .map(|(t, n)| format!("{t}/{n}"))
+        .collect();
+    assert_eq!(services, ["e2e/chat"]);
+    let journal = fixture(5, "journal.jsonl");
+    assert!(journal.contains("service_deployed") && journal.contains("service_deleted"));
+}
+
+#[test]
+fn a_format_5_snapshot_plus_the_batches_after_it_is_the_whole_journal() {
+    snapshot_plus_the_batches_after_it_is_the_whole_journal(5);
+}
+
 /// From format 2: the snapshot, restored, plus the batches after it is exactly the state of the whole journal.
 fn snapshot_plus_the_batches_after_it_is_the_whole_journal(format: u32) {
     let batches = batches(format);

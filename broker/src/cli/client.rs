@@ -31,6 +31,66 @@ pub enum JournalAction {
 }
 
 #[derive(Subcommand, Debug)]
+pub enum ServiceCmd {
+    /// Deploy a service, or replace its spec (TOML or JSON; see the README's Serving).
+    Deploy { file: PathBuf },
+    /// The services the token reads.
+    List {
+        #[arg(long)]
+        tenant: Option<TenantId>,
+    },
+    /// A service: its replicas per site with their state, the demand they serve, their cost and kgCO2e per
+    /// hour; the demand planned for; the recent changes and why.
+    Show {
+        name: meridian_federation::ServiceName,
+        #[arg(long)]
+        tenant: Option<TenantId>,
+    },
+    /// Delete a service: its replicas stop.
+    Delete {
+        name: meridian_federation::ServiceName,
+        #[arg(long)]
+        tenant: Option<TenantId>,
+    },
+    /// Report demand as a gateway: `--at NAME:LAT:LON:RATE` per user location (rate per second in the
+    /// service's unit).
+    Demand {
+        name: meridian_federation::ServiceName,
+        #[arg(long = "at", value_parser = parse_rate, required = true)]
+        at: Vec<meridian_federation::LocationRate>,
+        #[arg(long)]
+        tenant: Option<TenantId>,
+    },
+    /// The routing table: per user location, the sites with running replicas within the SLO and their weights.
+    Routes {
+        name: meridian_federation::ServiceName,
+        #[arg(long)]
+        tenant: Option<TenantId>,
+    },
+}
+
+/// `NAME:LAT:LON:RATE`.
+fn parse_rate(s: &str) -> Result<meridian_federation::LocationRate, String> {
+    let parts: Vec<&str> = s.split(':').collect();
+    let [name, lat, lon, rate] = parts.as_slice() else {
+        return Err(format!("{s:?}: expected NAME:LAT:LON:RATE"));
+    };
+    let num = |what: &str, v: &str| {
+        v.parse::<f64>()
+            .map_err(|_| format!("{s:?}: {what} {v:?} is not a number"))
+    };
+    Ok(meridian_federation::LocationRate {
+        name: (*name).to_owned(),
+        location: meridian_federation::GeoPoint {
+            lat: num("latitude", lat)?,
+            lon: num("longitude", lon)?,
+        },
+        rtt_region: None,
+        per_s: num("rate", rate)?,
+    })
+}
+
+#[derive(Subcommand, Debug)]
 pub enum ClientCmd {
     /// Submit a job spec (TOML or JSON).
     Submit { file: PathBuf },
@@ -67,6 +127,9 @@ pub enum ClientCmd {
         #[arg(long)]
         undo: bool,
     },
+    /// Inference services: deploy one from its file, list, show, delete, report demand, read its routes.
+    #[command(subcommand)]
+    Service(ServiceCmd),
     /// Stop replicas of a service: pending ones first, then cloud, partner and owned ones.
     ScaleIn {
         service: meridian_federation::ServiceName,
@@ -220,6 +283,7 @@ pub async fn run(cmd: ClientCmd, connect: &ConnectArgs, out: Output) -> anyhow::
             let t = client.timeline(&job).await?;
             print(out, &t, render::timeline)
         }
+        ClientCmd::Service(cmd) => service_cmd(&client, cmd, out).await,
         ClientCmd::ScaleIn {
             service,
             remove,
@@ -361,6 +425,86 @@ pub async fn run(cmd: ClientCmd, connect: &ConnectArgs, out: Output) -> anyhow::
         ClientCmd::Drain { site, undo } => {
             let s = client.drain(&site, !undo).await?;
             print(out, &s, |s| outln!("{} draining: {}", s.site, s.draining))
+        }
+    }
+}
+
+async fn service_cmd(client: &Client, cmd: ServiceCmd, out: Output) -> anyhow::Result<bool> {
+    match cmd {
+        ServiceCmd::Deploy { file } => {
+            let body = read_job_file(&file)?;
+            let v = client
+                .deploy_service(body)
+                .await
+                .with_context(|| format!("deploying {}", file.display()))?;
+            print(out, &v, render::service)
+        }
+        ServiceCmd::List { tenant } => {
+            let v = client.services(tenant.as_ref()).await?;
+            print(out, &v, |v| {
+                for s in v {
+                    let running = s.replicas.iter().filter(|r| r.state == "running").count();
+                    outln!(
+                        "{} (tenant {}): {} replicas, {running} running",
+                        s.spec.name,
+                        s.spec.tenant,
+                        s.replicas.len()
+                    );
+                }
+            })
+        }
+        ServiceCmd::Show { name, tenant } => {
+            let v = client.service(tenant.as_ref(), &name).await?;
+            print(out, &v, render::service)
+        }
+        ServiceCmd::Delete { name, tenant } => {
+            let r = client.delete_service(tenant.as_ref(), &name).await?;
+            print(out, &r, |r| {
+                outln!(
+                    "service {name} deleted; {} replicas stopping",
+                    r.stopping.len()
+                );
+            })
+        }
+        ServiceCmd::Demand { name, at, tenant } => {
+            let report = meridian_federation::DemandReport {
+                v: meridian_federation::WIRE_VERSION,
+                tenant,
+                service: name.clone(),
+                locations: at,
+            };
+            let r = client.report_demand(&report).await?;
+            print(out, &r, |_| outln!("demand of service {name} reported"))
+        }
+        ServiceCmd::Routes { name, tenant } => {
+            let v = client.service_routes(tenant.as_ref(), &name).await?;
+            print(out, &v, |v| {
+                for l in &v.locations {
+                    let routes: Vec<String> = l
+                        .routes
+                        .iter()
+                        .map(|r| {
+                            format!(
+                                "{}/{} ×{} {:.0} ms {:.0}%",
+                                r.site,
+                                r.pool,
+                                r.replicas,
+                                r.rtt_ms,
+                                r.weight * 100.0
+                            )
+                        })
+                        .collect();
+                    outln!(
+                        "{:<20} {}",
+                        l.location,
+                        if routes.is_empty() {
+                            "no replica within the SLO".to_owned()
+                        } else {
+                            routes.join(", ")
+                        }
+                    );
+                }
+            })
         }
     }
 }

@@ -382,3 +382,68 @@ fn utc(ms: u64) -> String {
         })
         .unwrap_or_else(|_| ms.to_string())
 }
+
+/// A service: its replicas per site, the demand planned for and the recent changes.
+pub fn service(s: &meridian_federation::ServiceView) {
+    let spec = &s.spec;
+    outln!(
+        "service {} (tenant {}): SLO {} ms, {}–{} replicas, {} {}/s per replica, policy {}",
+        spec.name,
+        spec.tenant,
+        spec.slo_ms,
+        spec.min_replicas,
+        spec.max_replicas,
+        spec.throughput.per_replica(),
+        spec.throughput.unit(),
+        spec.policy
+            .as_ref()
+            .map_or("balanced".to_owned(), |p| p.label())
+    );
+    outln!(
+        "{:<24} {:<18} {:<10} {:>10} {:>9} {:>12}",
+        "REPLICA",
+        "SITE/POOL",
+        "STATE",
+        "SERVES/S",
+        "USD/H",
+        "GCO2E/H"
+    );
+    for r in &s.replicas {
+        outln!(
+            "{:<24} {:<18} {:<10} {:>10.2} {:>9.2} {:>12.1}",
+            r.job.to_string(),
+            format!(
+                "{}/{}",
+                r.site,
+                r.pool.as_ref().map_or("?".to_owned(), |p| p.to_string())
+            ),
+            r.state,
+            r.serves_per_s,
+            r.usd_per_hour,
+            r.co2_g_per_hour
+        );
+    }
+    if !s.demand.is_empty() {
+        outln!("demand planned for:");
+        for d in &s.demand {
+            outln!(
+                "  {:<20} ({:.2}, {:.2}) {:.2}/s",
+                d.name,
+                d.location.lat,
+                d.location.lon,
+                d.per_s
+            );
+        }
+    }
+    for c in s.changes.iter().rev().take(10) {
+        outln!(
+            "{} {}/{} {} → {}: {}",
+            meridian_core::utc(c.at_ms),
+            c.site,
+            c.pool,
+            c.from,
+            c.to,
+            c.why
+        );
+    }
+}

@@ -28,6 +28,16 @@ pub enum Call {
     ListSites,
     Drain(String, bool),
     ScaleIn(Bytes),
+    /// Deploy or replace a service (`ServiceSpec`).
+    ServiceDeploy(Bytes),
+    /// The services the caller reads, or one (`ServiceRef`).
+    Services(Bytes),
+    /// Delete a service (`ServiceRef` with a name).
+    ServiceDelete(Bytes),
+    /// A service's routing table (`ServiceRef` with a name).
+    ServiceRoutes(Bytes),
+    /// A gateway's demand report (`DemandReport`).
+    ServiceDemand(Bytes),
     Report(Bytes),
     /// Jobs submitted in a window, live and archived, for a capacity what-if.
     History(Bytes),
@@ -65,6 +75,11 @@ impl Call {
             Call::ListSites => "list_sites",
             Call::Drain(..) => "drain",
             Call::ScaleIn(_) => "scale_in",
+            Call::ServiceDeploy(_) => "service_deploy",
+            Call::Services(_) => "services",
+            Call::ServiceDelete(_) => "service_delete",
+            Call::ServiceRoutes(_) => "service_routes",
+            Call::ServiceDemand(_) => "service_demand",
             Call::Report(_) => "report",
             Call::History(_) => "history",
             Call::Tenancy(_) => "tenancy",
@@ -90,6 +105,8 @@ impl Call {
             | Call::Logs(..)
             | Call::Timeline(_)
             | Call::ListSites
+            | Call::Services(_)
+            | Call::ServiceRoutes(_)
             | Call::Report(_)
             | Call::History(_)
             | Call::Tenancy(None)
@@ -102,6 +119,9 @@ impl Call {
             | Call::Cancel(_)
             | Call::Drain(..)
             | Call::ScaleIn(_)
+            | Call::ServiceDeploy(_)
+            | Call::ServiceDelete(_)
+            | Call::ServiceDemand(_)
             | Call::Tenancy(Some(_))
             | Call::Format { upgrade: true }
             | Call::Quarantine(_)
@@ -161,6 +181,56 @@ fn scope_to_own_tenant(
         *tenant = Some(own.clone());
     }
     Ok(())
+}
+
+/// The tenant and name of a `ServiceRef` that must name one service: a tenant's token names its own tenant.
+fn named_service(
+    who: &Principal,
+    body: &Bytes,
+) -> Result<
+    (
+        meridian_federation::TenantId,
+        meridian_federation::ServiceName,
+    ),
+    Reply,
+> {
+    let mut r = decode_strict::<meridian_federation::ServiceRef>(body).map_err(wire)?;
+    scope_to_own_tenant(who, &mut r.tenant, "services")?;
+    let bad = |field: &str, problem: &str| {
+        error(ErrorBody::new(
+            ErrorCode::Invalid,
+            Some(field.to_owned()),
+            problem.to_owned(),
+        ))
+    };
+    let tenant = r
+        .tenant
+        .ok_or_else(|| bad("tenant", "name the service's tenant"))?;
+    let name = r.name.ok_or_else(|| bad("name", "name the service"))?;
+    Ok((tenant, name))
+}
+
+/// Services the caller reads (one when `name` is given), from the reactor task.
+async fn service_views(
+    h: &BrokerHandle,
+    who: &Principal,
+    tenant: Option<meridian_federation::TenantId>,
+    name: Option<meridian_federation::ServiceName>,
+    deployed: bool,
+) -> Result<Vec<meridian_federation::ServiceView>, StepError> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    h.services(super::services::ServiceCall::Show {
+        tenant,
+        name,
+        who: who.clone(),
+        deployed,
+        reply: tx,
+    });
+    rx.await.unwrap_or_else(|_| {
+        Err(StepError::Journal(
+            meridian_core::journal::JournalError::Unavailable("broker is stopping".into()),
+        ))
+    })
 }
 
 fn step_error(e: StepError) -> Reply {
@@ -236,6 +306,8 @@ fn changes(action: &str) -> bool {
             | "cancel"
             | "drain"
             | "scale_in"
+            | "service_deploy"
+            | "service_delete"
             | "token_create"
             | "token_revoke"
             | "site_revoke"
@@ -276,6 +348,7 @@ async fn watched_job(h: &BrokerHandle, who: &Principal, id: &JobId) -> Result<Jo
 }
 
 async fn call_as(h: &BrokerHandle, who: &Principal, c: Call) -> Reply {
+    let c_kind = c.action();
     match c {
         Call::Submit(body) => {
             let spec = match decode_strict::<JobSpec>(&body) {
@@ -495,6 +568,89 @@ async fn call_as(h: &BrokerHandle, who: &Principal, c: Call) -> Reply {
                     format!("unexpected {other:?}"),
                 )),
                 Err(e) => step_error(e),
+            }
+        }
+        Call::ServiceDeploy(body) => {
+            let spec = match decode_strict::<meridian_federation::ServiceSpec>(&body) {
+                Ok(s) => s,
+                Err(e) => return wire(e),
+            };
+            let (tenant, name) = (spec.tenant.clone(), spec.name.clone());
+            if let Err(e) = h.step_as(who, Event::ServiceDeployed(spec)).await {
+                return step_error(e);
+            }
+            match service_views(h, who, Some(tenant), Some(name), true).await {
+                Ok(mut v) if !v.is_empty() => ok(200, v.swap_remove(0)),
+                Ok(_) => unavailable(),
+                Err(e) => step_error(e),
+            }
+        }
+        Call::Services(body) => {
+            let mut r = match decode_strict::<meridian_federation::ServiceRef>(&body) {
+                Ok(r) => r,
+                Err(e) => return wire(e),
+            };
+            if let Err(reply) = scope_to_own_tenant(who, &mut r.tenant, "services") {
+                return reply;
+            }
+            let one = r.name.is_some();
+            match service_views(h, who, r.tenant, r.name, false).await {
+                Ok(mut v) if one && !v.is_empty() => ok(200, v.swap_remove(0)),
+                Ok(v) => ok(200, v),
+                Err(e) => step_error(e),
+            }
+        }
+        Call::ServiceDelete(body) | Call::ServiceRoutes(body) => {
+            let routes = matches!(c_kind, "service_routes");
+            let (tenant, name) = match named_service(who, &body) {
+                Ok(x) => x,
+                Err(reply) => return reply,
+            };
+            if routes {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                h.services(super::services::ServiceCall::Routes {
+                    tenant,
+                    name,
+                    who: who.clone(),
+                    reply: tx,
+                });
+                return match rx.await {
+                    Ok(Ok(v)) => ok(200, v),
+                    Ok(Err(e)) => step_error(e),
+                    Err(_) => unavailable(),
+                };
+            }
+            let event = Event::ServiceDeleted {
+                tenant,
+                service: name,
+            };
+            match h.step_as(who, event).await {
+                Ok(Response::Stopping(stopping)) => {
+                    ok(200, meridian_federation::ScaleInReply { stopping })
+                }
+                Ok(other) => error(ErrorBody::new(
+                    ErrorCode::Internal,
+                    None,
+                    format!("unexpected {other:?}"),
+                )),
+                Err(e) => step_error(e),
+            }
+        }
+        Call::ServiceDemand(body) => {
+            let report = match decode_strict::<meridian_federation::DemandReport>(&body) {
+                Ok(r) => r,
+                Err(e) => return wire(e),
+            };
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            h.services(super::services::ServiceCall::Demand {
+                report,
+                who: who.clone(),
+                reply: tx,
+            });
+            match rx.await {
+                Ok(Ok(())) => ok(200, meridian_federation::Empty::default()),
+                Ok(Err(e)) => step_error(e),
+                Err(_) => unavailable(),
             }
         }
         Call::Drain(site, drain) => {
@@ -1012,6 +1168,11 @@ fn nats_call(subject: &str, payload: Bytes) -> Result<(Call, Option<String>), Re
             Call::ListSites
         }
         api::SCALE_IN => Call::ScaleIn(payload),
+        api::SERVICE_DEPLOY => Call::ServiceDeploy(payload),
+        api::SERVICE_LIST | api::SERVICE_SHOW => Call::Services(payload),
+        api::SERVICE_DELETE => Call::ServiceDelete(payload),
+        api::SERVICE_ROUTES => Call::ServiceRoutes(payload),
+        api::SERVICE_DEMAND => Call::ServiceDemand(payload),
         api::DRAIN => {
             let d = decode_strict::<DrainRequest>(&payload).map_err(wire)?;
             Call::Drain(d.site.to_string(), d.drain)

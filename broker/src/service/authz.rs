@@ -43,6 +43,14 @@ pub fn authorize<J: Journal>(
                 Err(Denied::Hidden(format!("services of tenant {tenant}")))
             }
         }
+        Event::ServiceDeployed(spec) => who.may_submit(&spec.tenant, queue_of(spec.queue.as_ref())),
+        Event::ServiceDeleted { tenant, service } => {
+            if who.sees(tenant) {
+                who.may_for_tenant(Verb::Cancel, tenant)
+            } else {
+                Err(Denied::Hidden(format!("service {service}")))
+            }
+        }
         Event::Drain { drain, .. } => who.must_be_admin(if *drain {
             "draining a site"
         } else {
@@ -73,6 +81,14 @@ pub fn describe(event: &Event) -> Option<(&'static str, Option<String>)> {
             )),
         ),
         Event::Cancel(id) => ("cancel", Some(format!("job {id}"))),
+        Event::ServiceDeployed(spec) => (
+            "service_deploy",
+            Some(format!("service {} of tenant {}", spec.name, spec.tenant)),
+        ),
+        Event::ServiceDeleted { tenant, service } => (
+            "service_delete",
+            Some(format!("service {service} of tenant {tenant}")),
+        ),
         Event::Drain { site, drain } => (
             if *drain { "drain" } else { "undrain" },
             Some(format!("site {site}")),

@@ -61,6 +61,13 @@ pub fn router(h: BrokerHandle) -> Router {
         .route("/v1/sites", get(list_sites))
         .route("/v1/sites/{id}/drain", post(drain))
         .route("/v1/services/scale-in", post(scale_in))
+        .route("/v1/services", post(deploy_service).get(list_services))
+        .route(
+            "/v1/services/{name}",
+            get(show_service).delete(delete_service),
+        )
+        .route("/v1/services/{name}/demand", post(service_demand))
+        .route("/v1/services/{name}/routes", get(service_routes))
         .route("/v1/report", get(report))
         .route("/v1/admin/history", get(history))
         .route("/v1/admin/tenancy", get(get_tenancy).put(put_tenancy))
@@ -410,6 +417,84 @@ async fn quarantine(
 async fn put_tenancy(State(h): State<BrokerHandle>, headers: HeaderMap, body: Bytes) -> Response {
     let toml = String::from_utf8_lossy(&body).into_owned();
     run(&h, &headers, Call::Tenancy(Some(toml))).await
+}
+
+async fn deploy_service(
+    State(h): State<BrokerHandle>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    run(&h, &headers, Call::ServiceDeploy(body)).await
+}
+
+async fn list_services(
+    State(h): State<BrokerHandle>,
+    headers: HeaderMap,
+    Query(q): Query<std::collections::BTreeMap<String, String>>,
+) -> Response {
+    run(&h, &headers, Call::Services(query_body(q, &[]))).await
+}
+
+/// A `ServiceRef` from the path's name and the query (`?tenant=T`).
+fn service_ref(name: String, mut q: std::collections::BTreeMap<String, String>) -> Bytes {
+    q.insert("name".into(), name);
+    query_body(q, &[])
+}
+
+async fn show_service(
+    State(h): State<BrokerHandle>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    Query(q): Query<std::collections::BTreeMap<String, String>>,
+) -> Response {
+    run(&h, &headers, Call::Services(service_ref(name, q))).await
+}
+
+async fn delete_service(
+    State(h): State<BrokerHandle>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    Query(q): Query<std::collections::BTreeMap<String, String>>,
+) -> Response {
+    run(&h, &headers, Call::ServiceDelete(service_ref(name, q))).await
+}
+
+async fn service_routes(
+    State(h): State<BrokerHandle>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    Query(q): Query<std::collections::BTreeMap<String, String>>,
+) -> Response {
+    run(&h, &headers, Call::ServiceRoutes(service_ref(name, q))).await
+}
+
+/// `POST /v1/services/{name}/demand`: the body is a `DemandReport`; `service` may be left out (the path names
+/// it) and must match when given.
+async fn service_demand(
+    State(h): State<BrokerHandle>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Response {
+    let merged = match serde_json::from_slice::<serde_json::Value>(&body) {
+        Ok(serde_json::Value::Object(mut m)) => {
+            match m.get("service").and_then(|v| v.as_str()) {
+                Some(given) if given != name => {
+                    return respond(super::api::error(meridian_federation::ErrorBody::new(
+                        meridian_federation::ErrorCode::Invalid,
+                        Some("service".into()),
+                        format!("the body names service {given:?}; the path names {name:?}"),
+                    )))
+                }
+                _ => {}
+            }
+            m.insert("service".into(), serde_json::Value::String(name));
+            Bytes::from(serde_json::to_vec(&m).unwrap_or_default())
+        }
+        // Not an object: decoding says what is wrong with it.
+        _ => body,
+    };
+    run(&h, &headers, Call::ServiceDemand(merged)).await
 }
 
 async fn scale_in(State(h): State<BrokerHandle>, headers: HeaderMap, body: Bytes) -> Response {

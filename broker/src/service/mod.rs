@@ -12,6 +12,7 @@ pub mod http;
 pub mod journal;
 pub mod lease;
 pub mod metrics;
+pub mod services;
 pub mod traces;
 
 use anyhow::Context;
@@ -179,6 +180,8 @@ enum Input {
         reply: Option<oneshot::Sender<Result<Response, StepError>>>,
     },
     Query(Query, oneshot::Sender<Answer>),
+    /// A call on services (demand, views, routes), served with the autoscaler's soft state.
+    Services(services::ServiceCall),
     /// An administrator sets aside the journal message the broker cannot read.
     Quarantine {
         seq: u64,
@@ -238,6 +241,11 @@ impl BrokerHandle {
         });
         rx.await
             .unwrap_or_else(|_| Err(anyhow::anyhow!("broker is stopping")))
+    }
+
+    /// A call on services; the reply comes through the call's own channel.
+    pub fn services(&self, call: services::ServiceCall) {
+        let _ = self.tx.send(Input::Services(call));
     }
 
     pub async fn query(&self, q: Query) -> Option<Answer> {
@@ -789,6 +797,7 @@ async fn reactor_loop(
     offer_timeout: Duration,
 ) -> anyhow::Result<()> {
     let mut tokens_seen = reactor.state().tokens_generation();
+    let mut autoscaling = services::Autoscaling::default();
     let mut clock = tokio::time::interval(tick);
     clock.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut inputs = Vec::with_capacity(MAX_BATCH);
@@ -813,7 +822,14 @@ async fn reactor_loop(
             }
         }
         if journal.unreadable().is_some() {
-            read_only(&mut reactor, &mut journal, &handle, &mut inputs).await;
+            read_only(
+                &mut reactor,
+                &mut journal,
+                &handle,
+                &mut autoscaling,
+                &mut inputs,
+            )
+            .await;
             if reactor.state().tokens_generation() != tokens_seen {
                 tokens_seen = reactor.state().tokens_generation();
                 let _ = tokens.send(tokens_of(&reactor));
@@ -836,7 +852,15 @@ async fn reactor_loop(
             }
         }
         // Timers run after what has arrived: heartbeats that waited in the queue count before a site is judged.
+        // The services' autoscaler plans first; its decisions are journaled as replicas submitted and cancelled.
         if tick {
+            for event in autoscaling.events(&reactor, now_ms()) {
+                inputs.push(Input::Event {
+                    event,
+                    caller: None,
+                    reply: None,
+                });
+            }
             inputs.push(Input::Event {
                 event: Event::Tick,
                 caller: None,
@@ -886,6 +910,7 @@ async fn reactor_loop(
                     }
                 }
                 Input::Query(q, tx) => answers.push((tx, answer(&reactor, &journal, q))),
+                Input::Services(call) => autoscaling.serve(&reactor, call, now),
                 Input::Quarantine { seq, who, reply } => {
                     quarantine(&mut reactor, &mut journal, &handle, seq, &who, reply).await;
                 }
@@ -946,6 +971,7 @@ async fn read_only(
     reactor: &mut Reactor<BufferJournal>,
     journal: &mut journal::JetStreamJournal,
     handle: &BrokerHandle,
+    autoscaling: &mut services::Autoscaling,
     inputs: &mut Vec<Input>,
 ) {
     let mut pending = std::mem::take(inputs).into_iter();
@@ -958,6 +984,7 @@ async fn read_only(
             Input::Query(q, tx) => {
                 let _ = tx.send(answer(reactor, journal, q));
             }
+            Input::Services(call) => autoscaling.serve(reactor, call, now_ms()),
             Input::Event {
                 caller: Some(_),
                 reply: Some(tx),

@@ -155,6 +155,38 @@ impl<J: Journal> Reactor<J> {
                     ),
                 })
             }
+            Event::ServiceDeployed(_) | Event::ServiceDeleted { .. }
+                if self.state.format() < super::SERVICES_FORMAT =>
+            {
+                Err(StepError::Invalid {
+                    field: "format".into(),
+                    problem: format!(
+                        "services are kept from durable format {}; the journal is in format {}: run `meridian journal upgrade-format` once every broker runs this release",
+                        super::SERVICES_FORMAT,
+                        self.state.format()
+                    ),
+                })
+            }
+            Event::ServiceDeployed(spec) => {
+                use meridian_federation::validate::Validate;
+                spec.validate().map_err(|e| StepError::Invalid {
+                    field: e.field().unwrap_or("service").to_owned(),
+                    problem: e.to_string(),
+                })
+            }
+            Event::ServiceDeleted { tenant, service } => {
+                if self
+                    .state
+                    .services
+                    .contains_key(&(tenant.clone(), service.clone()))
+                {
+                    Ok(())
+                } else {
+                    Err(StepError::NotFound {
+                        what: format!("service {service} of tenant {tenant}"),
+                    })
+                }
+            }
             Event::TokenCreated(t) => {
                 if let Some(problem) = t.problem() {
                     return Err(StepError::Invalid {

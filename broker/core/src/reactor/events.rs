@@ -100,6 +100,14 @@ pub enum Event {
     SiteRestored {
         site: SiteId,
     },
+    /// A tenant deployed a service, or replaced its spec (the autoscaler's decisions that follow are journaled
+    /// as the submissions and cancellations of its replicas). (Format 5.)
+    ServiceDeployed(meridian_federation::ServiceSpec),
+    /// A tenant deleted a service: its replicas are stopped. (Format 5.)
+    ServiceDeleted {
+        tenant: TenantId,
+        service: ServiceName,
+    },
 }
 
 /// A message for the shell to send.

@@ -24,6 +24,8 @@ pub use state::State;
 pub const JOURNALED_DECISIONS: u32 = 2;
 /// The first durable format with API tokens and revoked sites.
 pub const SECURITY_FORMAT: u32 = 3;
+/// The first durable format with deployed services.
+pub const SERVICES_FORMAT: u32 = 5;
 
 use crate::durable::{Batch, FORMAT_VERSION};
 use crate::journal::{Journal, Record};
@@ -387,6 +389,25 @@ impl<J: Journal> Reactor<J> {
                 }
                 Response::Done
             }
+            Event::ServiceDeployed(spec) => {
+                self.state
+                    .services
+                    .insert((spec.tenant.clone(), spec.name.clone()), spec);
+                Response::Done
+            }
+            Event::ServiceDeleted { tenant, service } => {
+                self.state
+                    .services
+                    .remove(&(tenant.clone(), service.clone()));
+                let chosen = self.scale_in_order(&tenant, &service);
+                for id in &chosen {
+                    if let Some(job) = self.state.jobs.get_mut(id) {
+                        job.note(now, format!("stopped: service {service} was deleted"));
+                    }
+                    self.on_cancel(now, id);
+                }
+                Response::Stopping(chosen)
+            }
             Event::ScaleIn {
                 tenant,
                 service,
@@ -486,6 +507,11 @@ impl<J: Journal> Reactor<J> {
             .premiums
             .into_iter()
             .map(|(t, p, s)| ((t, p), s))
+            .collect();
+        st.services = snap
+            .services
+            .into_iter()
+            .map(|s| ((s.tenant.clone(), s.name.clone()), s))
             .collect();
         self.state = st;
         self.refile_all();

@@ -81,6 +81,9 @@ pub struct State {
     /// Per tenant and policy with a premium (`balanced`, `max-cost-premium=…`): what its placed jobs cost
     /// against their cheapest candidates (see [`crate::placement::Spent`]).
     pub(crate) premiums: BTreeMap<(TenantId, String), crate::placement::Spent>,
+    /// Deployed services by tenant and name. (Format 5.)
+    pub(crate) services:
+        BTreeMap<(TenantId, meridian_federation::ServiceName), meridian_federation::ServiceSpec>,
     /// Counts changes to `tokens` (not durable): the shell refreshes its table when it moves.
     pub(crate) tokens_generation: u64,
 }
@@ -129,6 +132,13 @@ impl State {
     }
 
     /// API tokens by id (revoked ones included).
+    pub fn services(
+        &self,
+    ) -> &BTreeMap<(TenantId, meridian_federation::ServiceName), meridian_federation::ServiceSpec>
+    {
+        &self.services
+    }
+
     pub fn tokens(&self) -> &BTreeMap<String, crate::access::TokenRecord> {
         &self.tokens
     }

@@ -495,3 +495,89 @@ fn a_run_reported_before_the_offers_answer_counts_as_its_acceptance_once() {
     assert_eq!(accepted, 1);
     assert_eq!(env.phase(&id), JobPhase::Running);
 }
+
+fn service_spec(name: &str) -> meridian_federation::ServiceSpec {
+    serde_json::from_value(serde_json::json!({
+        "name": name,
+        "tenant": "team-a",
+        "resources": {"kind": "gpu", "count": 1},
+        "throughput": {"requests_per_s": 2.0},
+        "slo_ms": 50,
+        "max_replicas": 4,
+        "run": {"command": "serve"}
+    }))
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A service is journaled state from format 5: deployed, kept through a snapshot, and deleted with its
+/// replicas stopped; a journal in format 4 refuses it with the way out.
+#[test]
+fn a_service_is_kept_through_a_snapshot_and_deleting_it_stops_its_replicas() {
+    let mut env = TestEnv::new(vec![site("dc", Tier::Owned, 0.0, 0.0)
+        .gpus("A100", 4, 1.0)
+        .build()]);
+    env.reactor.replay_batches(&[crate::durable::Batch {
+        format: 4,
+        leader: "old".into(),
+        n: 1,
+        records: vec![],
+        quarantine: vec![],
+    }]);
+    let spec = service_spec("chat");
+    let e = env
+        .reactor
+        .step(env.now, Event::ServiceDeployed(spec.clone()))
+        .unwrap_err();
+    assert!(e.to_string().contains("upgrade-format"), "{e}");
+    env.step(Event::UpgradeFormat { to: 5 });
+    env.step(Event::ServiceDeployed(spec.clone()));
+    let key = (spec.tenant.clone(), spec.name.clone());
+    assert_eq!(env.reactor.state().services().get(&key), Some(&spec));
+    let replicas: Vec<JobId> = (0..3).map(|i| env.submit(spec.replica_spec(i))).collect();
+    for offer in env.take_offers() {
+        env.answer(&offer, OfferOutcome::Accepted);
+    }
+    // Through a snapshot.
+    let text = serde_json::to_string(&env.reactor.state().snapshot(0, env.now))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut again = crate::reactor::Reactor::new(
+        crate::reactor::CoreConfig::default(),
+        crate::latency::RttTable::default(),
+        crate::testkit::regions(),
+        crate::journal::MemoryJournal::default(),
+    );
+    again.restore(serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}")));
+    assert_eq!(again.state().services(), env.reactor.state().services());
+    // Deleted: every replica stops; a second delete finds nothing.
+    let stopped = match env.step(Event::ServiceDeleted {
+        tenant: spec.tenant.clone(),
+        service: spec.name.clone(),
+    }) {
+        Response::Stopping(v) => v,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(stopped.len(), replicas.len());
+    assert!(env.reactor.state().services().is_empty());
+    let e = env
+        .reactor
+        .step(
+            env.now,
+            Event::ServiceDeleted {
+                tenant: spec.tenant.clone(),
+                service: spec.name.clone(),
+            },
+        )
+        .unwrap_err();
+    assert!(
+        matches!(e, crate::reactor::StepError::NotFound { .. }),
+        "{e}"
+    );
+    // A spec that does not validate is refused before it is journaled.
+    let mut bad = service_spec("bad");
+    bad.slo_ms = 0.0;
+    let e = env
+        .reactor
+        .step(env.now, Event::ServiceDeployed(bad))
+        .unwrap_err();
+    assert!(e.to_string().contains("slo_ms"), "{e}");
+}

@@ -53,6 +53,9 @@ fn durable_eq(a: &State, b: &State) -> Result<(), String> {
     if a.tenancy_toml != b.tenancy_toml || a.tenancy_file_toml != b.tenancy_file_toml {
         return Err("tenancy".into());
     }
+    if a.services != b.services {
+        return Err("services".into());
+    }
     // The offered set may hold jobs that left that phase until it is pruned; what it holds in it counts.
     let live = |st: &State, set: &std::collections::BTreeSet<JobId>| -> Vec<JobId> {
         set.iter()

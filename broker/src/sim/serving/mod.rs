@@ -165,6 +165,7 @@ pub fn load(opts: &SimOptions) -> anyhow::Result<Loaded> {
         objective,
         up_delay_ms: spec.scale_up_delay_s * 1000,
         down_delay_ms: spec.scale_down_delay_s * 1000,
+        window_ms: spec.demand_window_s * 1000,
     };
     Ok(Loaded {
         out_of_reach: all.len() - cities.len(),

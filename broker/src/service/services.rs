@@ -1,0 +1,506 @@
+//! Services on a live federation. The autoscaler's soft state — each location's demand as gateways report it,
+//! the scaler's windows, the recent changes — lives in the reactor task; every few seconds it plans each
+//! deployed service with the pure core's autoscaler and turns the changes into events that are journaled like
+//! any other: the submission of a replica pinned to its site and model, the cancellation of a replica. After a
+//! restart or a takeover the windows start empty, so nothing is removed before a full scale-down delay of
+//! demand has been seen again.
+
+use meridian_core::access::{Denied, Principal, Verb};
+use meridian_core::autoscale::{
+    desired, offers, routes, Change, LocationDemand, Objective, Offer, Present, ReplicaKey, Scaler,
+    Settings,
+};
+use meridian_core::journal::Journal;
+use meridian_core::model::{Job, Site};
+use meridian_core::placement::View;
+use meridian_core::reactor::StepError;
+use meridian_core::reactor::{Event, Reactor};
+use meridian_core::Millis;
+use meridian_federation::{
+    DemandReport, JobPhase, LocationRate, LocationRoutesView, Policy, RouteView, RoutesView,
+    ServiceChangeView, ServiceName, ServiceReplicaView, ServiceSpec, ServiceView, SiteId, TenantId,
+};
+use std::collections::{BTreeMap, VecDeque};
+use tokio::sync::oneshot;
+
+/// How often each service is planned.
+pub const EVERY_MS: u64 = 2_000;
+/// A location not reported for this long has no demand.
+pub const STALE_MS: u64 = 60_000;
+/// Changes kept per service for `meridian service show`.
+const KEEP_CHANGES: usize = 50;
+
+type Key = (TenantId, ServiceName);
+
+#[derive(Default)]
+struct Run {
+    scaler: Scaler,
+    /// The latest rate of each location, and when it was reported.
+    demand: BTreeMap<String, (LocationRate, Millis)>,
+    changes: VecDeque<ServiceChangeView>,
+    last_ms: Millis,
+}
+
+/// The autoscaler's soft state of every service.
+#[derive(Default)]
+pub struct Autoscaling {
+    runs: BTreeMap<Key, Run>,
+}
+
+/// The scaling settings of a spec.
+pub fn settings(spec: &ServiceSpec) -> Settings {
+    Settings {
+        slo_ms: spec.slo_ms,
+        min_replicas: spec.min_replicas,
+        max_replicas: spec.max_replicas,
+        utilization: spec.target_utilization,
+        // Validated at deployment: weights never reach here.
+        objective: Objective::of(spec.policy.as_ref().unwrap_or(&Policy::Balanced))
+            .unwrap_or(Objective::Knee),
+        up_delay_ms: spec.scale_up_delay_s * 1000,
+        down_delay_ms: spec.scale_down_delay_s * 1000,
+        window_ms: spec.demand_window_s * 1000,
+    }
+}
+
+/// The pool a replica job runs in or is pinned to: its assignment, else its pinned site's pool of its model.
+fn key_of(job: &Job, sites: &BTreeMap<SiteId, Site>) -> Option<ReplicaKey> {
+    if let Some(a) = &job.assignment {
+        return Some(ReplicaKey {
+            site: a.site.clone(),
+            pool: a.pool.clone(),
+            spot: false,
+        });
+    }
+    let site = job.spec.constraints.sites.first()?;
+    let model = job.spec.resources.models.first()?;
+    let pool = sites
+        .get(site)?
+        .pools
+        .iter()
+        .find(|p| model.matches(p.model.as_str()))?;
+    Some(ReplicaKey {
+        site: site.clone(),
+        pool: pool.name.clone(),
+        spot: false,
+    })
+}
+
+fn live_replicas<'a, J: Journal>(
+    reactor: &'a Reactor<J>,
+    spec: &'a ServiceSpec,
+) -> impl Iterator<Item = &'a Job> + 'a {
+    reactor.state().active_jobs().filter(move |j| {
+        j.spec.tenant == spec.tenant
+            && j.spec.service.as_ref() == Some(&spec.name)
+            && !j.cancel_requested
+    })
+}
+
+/// The service's offers now: each pool's room is its free slots plus the service's own replicas there.
+fn live_offers<J: Journal>(reactor: &Reactor<J>, spec: &ServiceSpec) -> Vec<Offer> {
+    let view = View {
+        sites: reactor.state().sites(),
+        rtt: reactor.rtt(),
+        regions: reactor.regions(),
+        throughput: reactor.throughput(),
+        index: None,
+        format: reactor.state().format(),
+    };
+    let replica = spec.replica_spec(0);
+    let share = replica.resources.milli_per_replica().max(1);
+    let mut out = offers(view, &replica, spec.throughput.per_replica(), false);
+    for o in &mut out {
+        let free: u64 = reactor
+            .state()
+            .sites()
+            .get(&o.key.site)
+            .and_then(|s| s.pool(&o.key.pool))
+            .map_or(0, |p| match replica.resources.share() {
+                Some(_) => p
+                    .devices
+                    .iter()
+                    .filter(|d| d.healthy)
+                    .map(|d| u64::from(d.free_milli()) / share)
+                    .sum(),
+                None => {
+                    let whole = p
+                        .devices
+                        .iter()
+                        .filter(|d| d.healthy && d.free_milli() >= 1000)
+                        .count() as u64;
+                    whole / u64::from(replica.resources.count.max(1))
+                }
+            });
+        let own = live_replicas(reactor, spec)
+            .filter(|j| key_of(j, reactor.state().sites()).as_ref() == Some(&o.key))
+            .filter(|j| j.assignment.is_some())
+            .count() as u64;
+        o.room = u32::try_from((free + own).min(u64::from(o.room))).unwrap_or(o.room);
+    }
+    out
+}
+
+fn present<J: Journal>(reactor: &Reactor<J>, spec: &ServiceSpec) -> BTreeMap<ReplicaKey, Present> {
+    let mut out: BTreeMap<ReplicaKey, Present> = BTreeMap::new();
+    for j in live_replicas(reactor, spec) {
+        let Some(key) = key_of(j, reactor.state().sites()) else {
+            continue;
+        };
+        let p = out.entry(key).or_default();
+        if j.phase == JobPhase::Running {
+            p.ready += 1;
+        } else {
+            p.starting += 1;
+        }
+    }
+    out
+}
+
+impl Run {
+    fn demand(&self, now: Millis) -> Vec<LocationDemand> {
+        self.demand
+            .values()
+            .map(|(r, at)| LocationDemand {
+                name: r.name.clone(),
+                location: r.location,
+                rtt_region: r.rtt_region.clone(),
+                rate: if now.saturating_sub(*at) > STALE_MS {
+                    0.0
+                } else {
+                    r.per_s
+                },
+            })
+            .collect()
+    }
+}
+
+impl Autoscaling {
+    /// A gateway's report: each location's latest rate.
+    pub fn report(
+        &mut self,
+        tenant: &TenantId,
+        service: &ServiceName,
+        rates: Vec<LocationRate>,
+        now: Millis,
+    ) {
+        let run = self
+            .runs
+            .entry((tenant.clone(), service.clone()))
+            .or_default();
+        for r in rates {
+            run.demand.insert(r.name.clone(), (r, now));
+        }
+    }
+
+    /// Plans every service that is due and returns the events that carry out its changes. Services that were
+    /// deleted lose their soft state.
+    pub fn events<J: Journal>(&mut self, reactor: &Reactor<J>, now: Millis) -> Vec<Event> {
+        let services = reactor.state().services();
+        self.runs.retain(|k, _| services.contains_key(k));
+        let mut out = Vec::new();
+        for (key, spec) in services {
+            let run = self.runs.entry(key.clone()).or_default();
+            if now < run.last_ms + EVERY_MS {
+                continue;
+            }
+            run.last_ms = now;
+            let offers = live_offers(reactor, spec);
+            let have = present(reactor, spec);
+            let s = settings(spec);
+            let demand = run.demand(now);
+            let (_, changes) = run
+                .scaler
+                .step(now, &offers, &demand, &have, reactor.rtt(), &s);
+            for (i, c) in changes.iter().enumerate() {
+                out.extend(carry_out(reactor, spec, c, now, i as u64));
+                run.changes.push_back(ServiceChangeView {
+                    at_ms: now,
+                    site: c.key.site.clone(),
+                    pool: c.key.pool.clone(),
+                    from: c.from,
+                    to: c.to,
+                    why: why(c),
+                });
+                while run.changes.len() > KEEP_CHANGES {
+                    run.changes.pop_front();
+                }
+            }
+        }
+        out
+    }
+
+    /// A service as `meridian service show` gives it.
+    pub fn view<J: Journal>(
+        &self,
+        reactor: &Reactor<J>,
+        spec: &ServiceSpec,
+        now: Millis,
+    ) -> ServiceView {
+        let run = self.runs.get(&(spec.tenant.clone(), spec.name.clone()));
+        let offers = live_offers(reactor, spec);
+        let demand = run.map(|r| r.demand(now)).unwrap_or_default();
+        let plan = desired(&offers, &demand, reactor.rtt(), &settings(spec));
+        let mut per_key: BTreeMap<ReplicaKey, f64> = BTreeMap::new();
+        for shares in &plan.served {
+            for (i, rate) in shares {
+                *per_key.entry(offers[*i].key.clone()).or_default() += rate;
+            }
+        }
+        let have = present(reactor, spec);
+        let replicas = live_replicas(reactor, spec)
+            .filter_map(|j| {
+                let key = key_of(j, reactor.state().sites())?;
+                let o = offers.iter().find(|o| o.key == key);
+                let n = have.get(&key).map_or(1, |p| p.total().max(1));
+                Some(ServiceReplicaView {
+                    job: j.id.clone(),
+                    site: key.site.clone(),
+                    pool: Some(key.pool.clone()),
+                    state: if j.phase == JobPhase::Running {
+                        "running".into()
+                    } else {
+                        "starting".into()
+                    },
+                    usd_per_hour: o.map_or(0.0, |o| o.usd_per_hour),
+                    co2_g_per_hour: o.map_or(0.0, |o| o.g_co2_per_hour),
+                    serves_per_s: per_key.get(&key).copied().unwrap_or(0.0) / f64::from(n),
+                })
+            })
+            .collect();
+        ServiceView {
+            spec: spec.clone(),
+            replicas,
+            demand: demand
+                .iter()
+                .map(|d| LocationRate {
+                    name: d.name.clone(),
+                    location: d.location,
+                    rtt_region: d.rtt_region.clone(),
+                    per_s: d.rate,
+                })
+                .collect(),
+            changes: run
+                .map(|r| r.changes.iter().cloned().collect())
+                .unwrap_or_default(),
+        }
+    }
+
+    /// The routing table: per location with demand, the pools with running replicas within the SLO.
+    pub fn routes<J: Journal>(
+        &self,
+        reactor: &Reactor<J>,
+        spec: &ServiceSpec,
+        now: Millis,
+    ) -> RoutesView {
+        let run = self.runs.get(&(spec.tenant.clone(), spec.name.clone()));
+        let offers = live_offers(reactor, spec);
+        let ready: BTreeMap<ReplicaKey, u32> = present(reactor, spec)
+            .into_iter()
+            .map(|(k, p)| (k, p.ready))
+            .collect();
+        let demand = run.map(|r| r.demand(now)).unwrap_or_default();
+        let table = routes(&offers, &ready, &demand, reactor.rtt(), spec.slo_ms);
+        RoutesView {
+            tenant: spec.tenant.clone(),
+            service: spec.name.clone(),
+            locations: table
+                .into_iter()
+                .map(|l| LocationRoutesView {
+                    location: l.location,
+                    routes: l
+                        .routes
+                        .into_iter()
+                        .map(|r| RouteView {
+                            site: r.key.site,
+                            pool: r.key.pool,
+                            replicas: r.replicas,
+                            rtt_ms: r.rtt_ms,
+                            weight: r.weight,
+                        })
+                        .collect(),
+                })
+                .collect(),
+        }
+    }
+}
+
+fn why(c: &Change) -> String {
+    use meridian_core::autoscale::Why;
+    match c.why {
+        Why::Uncovered => "a location with demand had no replica within the SLO".into(),
+        Why::DemandRose => {
+            "more demand planned for here (it rose, or moved here) for the scale-up delay".into()
+        }
+        Why::DemandFell => {
+            "less demand planned for here (it fell, or moved away) for the scale-down delay".into()
+        }
+    }
+}
+
+/// The events of one change: new replicas pinned to the pool's site and model, or the pool's replicas that
+/// start last (waiting ones first, then the newest) cancelled.
+fn carry_out<J: Journal>(
+    reactor: &Reactor<J>,
+    spec: &ServiceSpec,
+    c: &Change,
+    now: Millis,
+    n: u64,
+) -> Vec<Event> {
+    if c.to > c.from {
+        let model = reactor
+            .state()
+            .sites()
+            .get(&c.key.site)
+            .and_then(|s| s.pool(&c.key.pool))
+            .map(|p| p.model.clone());
+        (c.from..c.to)
+            .map(|i| {
+                let mut job = spec.replica_spec(now * 1000 + n * 100 + u64::from(i));
+                job.constraints.sites = vec![c.key.site.clone()];
+                if let Some(m) = &model {
+                    job.resources.models = vec![m.clone()];
+                    job.resources
+                        .model_memory_mib
+                        .retain(|k, _| k.matches(m.as_str()));
+                }
+                Event::Submit(job)
+            })
+            .collect()
+    } else {
+        let mut mine: Vec<&Job> = live_replicas(reactor, spec)
+            .filter(|j| key_of(j, reactor.state().sites()).as_ref() == Some(&c.key))
+            .collect();
+        mine.sort_by_key(|j| {
+            (
+                j.phase == JobPhase::Running,
+                std::cmp::Reverse(j.id.clone()),
+            )
+        });
+        mine.into_iter()
+            .take((c.from - c.to) as usize)
+            .map(|j| Event::Cancel(j.id.clone()))
+            .collect()
+    }
+}
+
+/// A call on services that the reactor task serves from its state and the autoscaler's soft state.
+#[derive(Debug)]
+pub enum ServiceCall {
+    /// A gateway's report: the caller may submit to the service's tenant and queue.
+    Demand {
+        report: DemandReport,
+        who: Principal,
+        reply: oneshot::Sender<Result<(), StepError>>,
+    },
+    /// The services the caller may read, or one by name.
+    Show {
+        tenant: Option<TenantId>,
+        name: Option<ServiceName>,
+        who: Principal,
+        /// The caller just deployed it: it sees what it deployed without the permission to watch.
+        deployed: bool,
+        reply: oneshot::Sender<Result<Vec<ServiceView>, StepError>>,
+    },
+    Routes {
+        tenant: TenantId,
+        name: ServiceName,
+        who: Principal,
+        reply: oneshot::Sender<Result<RoutesView, StepError>>,
+    },
+}
+
+fn refused(d: Denied) -> StepError {
+    match d {
+        Denied::Hidden(what) => StepError::NotFound { what },
+        Denied::Forbidden(why) => StepError::Refused(why),
+    }
+}
+
+fn find<'a, J: Journal>(
+    reactor: &'a Reactor<J>,
+    who: &Principal,
+    tenant: &TenantId,
+    name: &ServiceName,
+) -> Result<&'a ServiceSpec, StepError> {
+    let hidden = || StepError::NotFound {
+        what: format!("service {name}"),
+    };
+    if !who.sees(tenant) {
+        return Err(hidden());
+    }
+    reactor
+        .state()
+        .services()
+        .get(&(tenant.clone(), name.clone()))
+        .ok_or_else(hidden)
+}
+
+impl Autoscaling {
+    /// Serves one call (in the reactor task).
+    pub fn serve<J: Journal>(&mut self, reactor: &Reactor<J>, call: ServiceCall, now: Millis) {
+        match call {
+            ServiceCall::Demand { report, who, reply } => {
+                let r = (|| {
+                    let tenant = report
+                        .tenant
+                        .clone()
+                        .or_else(|| who.tenant.clone())
+                        .ok_or_else(|| StepError::Invalid {
+                            field: "tenant".into(),
+                            problem: "name the service's tenant".into(),
+                        })?;
+                    let spec = find(reactor, &who, &tenant, &report.service)?;
+                    who.may_submit(
+                        &tenant,
+                        spec.queue.as_ref().map_or("default", |q| q.as_str()),
+                    )
+                    .map_err(refused)?;
+                    self.report(&tenant, &report.service, report.locations, now);
+                    Ok(())
+                })();
+                let _ = reply.send(r);
+            }
+            ServiceCall::Show {
+                tenant,
+                name,
+                who,
+                deployed,
+                reply,
+            } => {
+                let r = (|| {
+                    let mut out = Vec::new();
+                    for ((t, n), spec) in reactor.state().services() {
+                        if tenant.as_ref().is_some_and(|x| x != t)
+                            || name.as_ref().is_some_and(|x| x != n)
+                            || !who.sees(t)
+                            || (!deployed && who.may_for_tenant(Verb::Watch, t).is_err())
+                        {
+                            continue;
+                        }
+                        out.push(self.view(reactor, spec, now));
+                    }
+                    if let (Some(n), true) = (&name, out.is_empty()) {
+                        return Err(StepError::NotFound {
+                            what: format!("service {n}"),
+                        });
+                    }
+                    Ok(out)
+                })();
+                let _ = reply.send(r);
+            }
+            ServiceCall::Routes {
+                tenant,
+                name,
+                who,
+                reply,
+            } => {
+                let r = find(reactor, &who, &tenant, &name).and_then(|spec| {
+                    who.may_for_tenant(Verb::Watch, &tenant).map_err(refused)?;
+                    Ok(self.routes(reactor, spec, now))
+                });
+                let _ = reply.send(r);
+            }
+        }
+    }
+}

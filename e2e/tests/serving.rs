@@ -1,0 +1,179 @@
+//! Services on a real local federation (nats-server, the broker, two agents an ocean apart): deployed, fed
+//! demand by a gateway from New York and Frankfurt, replicas started near each; the Frankfurt demand ends and
+//! its replica goes after the delay; the routing table follows; callers without the right token change nothing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use meridian_e2e::*;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+const LONG: Duration = Duration::from_secs(60);
+
+fn service() -> Value {
+    json!({
+        "name": "chat",
+        "tenant": "acme",
+        "resources": {"kind": "gpu", "count": 1},
+        "throughput": {"requests_per_s": 10.0},
+        "slo_ms": 30,
+        "min_replicas": 0,
+        "max_replicas": 6,
+        "scale_up_delay_s": 0,
+        "scale_down_delay_s": 4,
+        "demand_window_s": 2,
+        "target_utilization": 1.0,
+        "policy": "cost",
+        "run": {"command": "sleep 600"}
+    })
+}
+
+fn demand(ny: f64, frankfurt: f64) -> Vec<u8> {
+    json!({"locations": [
+        {"name": "new-york", "location": {"lat": 40.71, "lon": -74.0}, "per_s": ny},
+        {"name": "frankfurt", "location": {"lat": 50.11, "lon": 8.68}, "per_s": frankfurt},
+    ]})
+    .to_string()
+    .into_bytes()
+}
+
+/// Running replicas per site, from `GET /v1/services/chat`.
+fn running(api: &Api<'_>) -> Vec<(String, usize)> {
+    let (status, v) = api.get("/v1/services/chat?tenant=acme");
+    assert_eq!(status, 200, "{v}");
+    let mut per: std::collections::BTreeMap<String, usize> = Default::default();
+    for r in v["ok"]["replicas"].as_array().unwrap() {
+        if r["state"] == "running" {
+            *per.entry(r["site"].as_str().unwrap().to_owned())
+                .or_default() += 1;
+        }
+    }
+    per.into_iter().collect()
+}
+
+#[test]
+fn replicas_follow_demand_to_each_city_and_leave_when_it_ends() {
+    let mut us = SiteSpec::new("us-east", "owned", "A100", 4, 2.0);
+    (us.lat, us.lon) = (40.0, -74.5);
+    let mut eu = SiteSpec::new("eu-west", "owned", "A100", 4, 2.0);
+    (eu.lat, eu.lon) = (50.0, 8.5);
+    let f = Fed::generated(&[us, eu], "");
+    let admin = f.with_token(f.token.as_deref());
+    let gateway = f.create_token(Some("acme"), &["submit:default"]);
+    let viewer = f.create_token(Some("acme"), &["viewer"]);
+    let mallory = f.create_token(Some("mallory"), &["submit:default", "cancel"]);
+    let (gw, view, other) = (
+        f.with_token(Some(&gateway)),
+        f.with_token(Some(&viewer)),
+        f.with_token(Some(&mallory)),
+    );
+
+    // Another tenant's token cannot deploy for acme; a bad file is refused with the field named.
+    let body = service().to_string();
+    let (status, v) = other.post("/v1/services", body.as_bytes());
+    assert_eq!(status, 403, "{v}");
+    let mut bad = service();
+    bad["slo_ms"] = json!(0);
+    let (status, v) = gw.post("/v1/services", bad.to_string().as_bytes());
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["field"], "slo_ms", "{v}");
+    let (status, v) = gw.post("/v1/services", body.as_bytes());
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["ok"]["spec"]["name"], "chat");
+
+    // Demand from two cities an ocean apart: 15 req/s in New York, 5 in Frankfurt.
+    let (status, v) = gw.post("/v1/services/chat/demand", &demand(15.0, 5.0));
+    assert_eq!(status, 200, "{v}");
+    f.wait_until(
+        "two replicas near New York and one near Frankfurt",
+        LONG,
+        || {
+            gw.post("/v1/services/chat/demand", &demand(15.0, 5.0));
+            running(&view) == vec![("eu-west".into(), 1), ("us-east".into(), 2)]
+        },
+    );
+    // The routing table sends each city to its own side of the ocean.
+    let (status, v) = view.get("/v1/services/chat/routes?tenant=acme");
+    assert_eq!(status, 200, "{v}");
+    let routes = |v: &Value, city: &str| -> Vec<String> {
+        v["ok"]["locations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["location"] == city)
+            .map(|l| {
+                l["routes"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|r| r["site"].as_str().unwrap().to_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert_eq!(routes(&v, "new-york"), ["us-east"], "{v}");
+    assert_eq!(routes(&v, "frankfurt"), ["eu-west"], "{v}");
+    // The operator sees them running through the CLI.
+    let out = f.cli(&["service", "show", "chat", "--tenant", "acme"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("us-east/gpu") && text.contains("eu-west/gpu") && text.contains("running"),
+        "{text}"
+    );
+
+    // What may not report demand or delete changes nothing: a viewer, another tenant, a malformed report.
+    let (status, v) = view.post("/v1/services/chat/demand", &demand(0.0, 0.0));
+    assert_eq!(status, 403, "{v}");
+    let (status, v) = other.post("/v1/services/chat/demand?tenant=acme", &demand(0.0, 0.0));
+    assert!(status == 403 || status == 404, "{status} {v}");
+    let (status, v) = other.delete("/v1/services/chat?tenant=acme");
+    assert!(status == 403 || status == 404, "{status} {v}");
+    let mut broken: Value = serde_json::from_slice(&demand(1.0, 1.0)).unwrap();
+    broken["locations"][0]["location"]["lat"] = json!(200.0);
+    let (status, v) = gw.post("/v1/services/chat/demand", broken.to_string().as_bytes());
+    assert_eq!(status, 400, "{v}");
+    assert!(
+        v["error"]["field"]
+            .as_str()
+            .unwrap()
+            .contains("locations[0].location.lat"),
+        "{v}"
+    );
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(
+        running(&view),
+        vec![("eu-west".into(), 1), ("us-east".into(), 2)]
+    );
+
+    // Frankfurt's demand ends: its replica goes after the scale-down delay; New York's stay.
+    f.wait_until("the Frankfurt replica gone", LONG, || {
+        gw.post("/v1/services/chat/demand", &demand(15.0, 0.0));
+        running(&view) == vec![("us-east".into(), 2)]
+    });
+    let (_, v) = view.get("/v1/services/chat/routes?tenant=acme");
+    assert!(routes(&v, "frankfurt").is_empty(), "{v}");
+    let (_, v) = view.get("/v1/services/chat?tenant=acme");
+    let changes = v["ok"]["changes"].as_array().unwrap();
+    assert!(
+        changes.iter().any(|c| c["site"] == "eu-west"
+            && c["to"] == 0
+            && c["why"].as_str().unwrap().contains("less demand")),
+        "{v}"
+    );
+
+    // Deleted: every replica stops, the service is gone.
+    let (status, v) = admin.delete("/v1/services/chat?tenant=acme");
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["ok"]["stopping"].as_array().unwrap().len(), 2, "{v}");
+    let (status, _) = view.get("/v1/services/chat?tenant=acme");
+    assert_eq!(status, 404);
+    f.wait_until("every replica ended", LONG, || {
+        f.jobs()
+            .iter()
+            .all(|j| j["phase"] != "running" && j["phase"] != "pending")
+    });
+}
