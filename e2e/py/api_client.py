@@ -93,4 +93,5 @@ async def main():
     await nc.close()
 
 
-asyncio.run(main())
+if __name__ == "__main__":
+    asyncio.run(main())

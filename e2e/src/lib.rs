@@ -414,6 +414,32 @@ impl Fed {
 
     /// Runs the `meridian` binary against this federation, as its operator would from another shell (the
     /// lines `meridian up` prints: NATS, CA, credential, token).
+    /// A third-party Python client (`e2e/py/SCRIPT`, nats-py) given the federation's access the way `meridian up`
+    /// prints it (environment variables), with the administrator's token unless the caller sets another.
+    pub fn python(&self, python: &Path, script: &str) -> std::process::Command {
+        let access = self.fed.access();
+        let mut cmd = std::process::Command::new(python);
+        cmd.arg(local::workspace_root().join("e2e/py").join(script))
+            .env("MERIDIAN_NATS", &access.nats);
+        for (var, value) in [
+            (
+                "MERIDIAN_CA",
+                access.ca.as_ref().map(|p| p.display().to_string()),
+            ),
+            (
+                "MERIDIAN_CREDS",
+                access.creds.as_ref().map(|p| p.display().to_string()),
+            ),
+            ("MERIDIAN_TOKEN", self.token.clone()),
+        ] {
+            match value {
+                Some(v) => cmd.env(var, v),
+                None => cmd.env_remove(var),
+            };
+        }
+        cmd
+    }
+
     pub fn cli(&self, args: &[&str]) -> std::process::Output {
         let access = self.fed.access();
         let mut cmd =

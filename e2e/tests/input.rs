@@ -143,7 +143,8 @@ fn a_third_party_client_uses_the_nats_api() {
     );
     // A tenant's token, as a team using the API would hold.
     let token = f.create_token(Some("py"), &["submit", "watch"]);
-    let out = python_client(&f, &python)
+    let out = f
+        .python(&python, "api_client.py")
         .env("MERIDIAN_TOKEN", &token)
         .output()
         .unwrap();
@@ -164,29 +165,4 @@ fn a_third_party_client_uses_the_nats_api() {
     assert_eq!(seen["all_submitted_listed"], true);
     assert_eq!(seen["bad_list_error"]["field"], "limt", "{seen}");
     assert_eq!(seen["no_token_error"]["code"], "unauthenticated", "{seen}");
-}
-
-/// The Python client, given the federation's access the way `meridian up` prints it (environment variables).
-fn python_client(f: &Fed, python: &std::path::Path) -> std::process::Command {
-    let access = f.fed.access();
-    let mut cmd = std::process::Command::new(python);
-    cmd.arg(local::workspace_root().join("e2e/py/api_client.py"))
-        .env("MERIDIAN_NATS", &access.nats);
-    for (var, value) in [
-        (
-            "MERIDIAN_CA",
-            access.ca.as_ref().map(|p| p.display().to_string()),
-        ),
-        (
-            "MERIDIAN_CREDS",
-            access.creds.as_ref().map(|p| p.display().to_string()),
-        ),
-        ("MERIDIAN_TOKEN", f.token.clone()),
-    ] {
-        match value {
-            Some(v) => cmd.env(var, v),
-            None => cmd.env_remove(var),
-        };
-    }
-    cmd
 }

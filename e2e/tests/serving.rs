@@ -80,9 +80,35 @@ fn replicas_follow_demand_to_each_city_and_leave_when_it_ends() {
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["ok"]["spec"]["name"], "chat");
 
-    // Demand from two cities an ocean apart: 15 req/s in New York, 5 in Frankfurt.
-    let (status, v) = gw.post("/v1/services/chat/demand", &demand(15.0, 5.0));
-    assert_eq!(status, 200, "{v}");
+    // Demand from two cities an ocean apart, 15 req/s in New York and 5 in Frankfurt, first from a third-party
+    // gateway over NATS (nats-py): taken, and a malformed report refused with the field's path.
+    let python = local::workspace_root().join(".venv/bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: run scripts/setup.sh",
+        python.display()
+    );
+    let locations: Value =
+        serde_json::from_slice::<Value>(&demand(15.0, 5.0)).unwrap()["locations"].clone();
+    let out = f
+        .python(&python, "gateway.py")
+        .env("MERIDIAN_TOKEN", &gateway)
+        .args(["chat", "acme", &locations.to_string()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(seen["report"]["ok"].is_object(), "{seen}");
+    assert_eq!(
+        seen["bad_report_error"]["field"], "locations[0].location.lat",
+        "{seen}"
+    );
+    assert_eq!(seen["routes"]["ok"]["service"], "chat", "{seen}");
     f.wait_until(
         "two replicas near New York and one near Frankfurt",
         LONG,

@@ -648,7 +648,12 @@ async fn call_as(h: &BrokerHandle, who: &Principal, c: Call) -> Reply {
                 reply: tx,
             });
             match rx.await {
-                Ok(Ok(())) => ok(200, meridian_federation::Empty::default()),
+                Ok(Ok(())) => ok(
+                    200,
+                    meridian_federation::Empty {
+                        v: meridian_federation::WIRE_VERSION,
+                    },
+                ),
                 Ok(Err(e)) => step_error(e),
                 Err(_) => unavailable(),
             }

@@ -495,8 +495,12 @@ impl Autoscaling {
                 who,
                 reply,
             } => {
+                // A gateway (it may submit to the service's queue) routes by it, as a reader may read it.
                 let r = find(reactor, &who, &tenant, &name).and_then(|spec| {
-                    who.may_for_tenant(Verb::Watch, &tenant).map_err(refused)?;
+                    let queue = spec.queue.as_ref().map_or("default", |q| q.as_str());
+                    who.may_for_tenant(Verb::Watch, &tenant)
+                        .or_else(|_| who.may_submit(&tenant, queue))
+                        .map_err(refused)?;
                     Ok(self.routes(reactor, spec, now))
                 });
                 let _ = reply.send(r);
