@@ -102,21 +102,9 @@ fn the_checker_catches_an_overfull_pool_a_replica_not_ready_a_route_beyond_the_s
     ])
     .sim;
     let l = serving::load(&opts).unwrap();
-    let ctx = engine::Ctx::new(
-        &l.fed,
-        &l.spec,
-        l.cities.clone(),
-        &l.demand,
-        opts.start_ms,
-        2,
-        l.settings.clone(),
-    );
+    let ctx = l.ctx(opts.start_ms, 2);
     let out = engine::run(&ctx, engine::Scaling::Autoscaler(Objective::Knee));
-    let points: Vec<_> = l
-        .cities
-        .iter()
-        .map(|c| (c.location, c.rtt_region.clone()))
-        .collect();
+    let points = l.city_points();
     let inputs = check::Inputs {
         fed: &l.fed,
         spec: &l.spec,

@@ -218,19 +218,43 @@ async fn service_views(
     name: Option<meridian_federation::ServiceName>,
     deployed: bool,
 ) -> Result<Vec<meridian_federation::ServiceView>, StepError> {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    h.services(super::services::ServiceCall::Show {
+    ask(h, |reply| super::services::ServiceCall::Show {
         tenant,
         name,
         who: who.clone(),
         deployed,
-        reply: tx,
-    });
+        reply,
+    })
+    .await
+}
+
+/// Sends a call on services to the reactor task and waits for its answer.
+async fn ask<T>(
+    h: &BrokerHandle,
+    call: impl FnOnce(
+        tokio::sync::oneshot::Sender<Result<T, StepError>>,
+    ) -> super::services::ServiceCall,
+) -> Result<T, StepError> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    h.services(call(tx));
     rx.await.unwrap_or_else(|_| {
         Err(StepError::Journal(
             meridian_core::journal::JournalError::Unavailable("broker is stopping".into()),
         ))
     })
+}
+
+/// The reply to a change that stops replicas (scale-in, a service deleted).
+fn stopping(r: Result<Response, StepError>) -> Reply {
+    match r {
+        Ok(Response::Stopping(stopping)) => ok(200, meridian_federation::ScaleInReply { stopping }),
+        Ok(other) => error(ErrorBody::new(
+            ErrorCode::Internal,
+            None,
+            format!("unexpected {other:?}"),
+        )),
+        Err(e) => step_error(e),
+    }
 }
 
 fn step_error(e: StepError) -> Reply {
@@ -558,17 +582,7 @@ async fn call_as(h: &BrokerHandle, who: &Principal, c: Call) -> Reply {
                 service: r.service,
                 remove: r.remove,
             };
-            match h.step_as(who, event).await {
-                Ok(Response::Stopping(stopping)) => {
-                    ok(200, meridian_federation::ScaleInReply { stopping })
-                }
-                Ok(other) => error(ErrorBody::new(
-                    ErrorCode::Internal,
-                    None,
-                    format!("unexpected {other:?}"),
-                )),
-                Err(e) => step_error(e),
-            }
+            stopping(h.step_as(who, event).await)
         }
         Call::ServiceDeploy(body) => {
             let spec = match decode_strict::<meridian_federation::ServiceSpec>(&body) {
@@ -607,56 +621,40 @@ async fn call_as(h: &BrokerHandle, who: &Principal, c: Call) -> Reply {
                 Err(reply) => return reply,
             };
             if routes {
-                let (tx, rx) = tokio::sync::oneshot::channel();
-                h.services(super::services::ServiceCall::Routes {
+                let routes = ask(h, |reply| super::services::ServiceCall::Routes {
                     tenant,
                     name,
                     who: who.clone(),
-                    reply: tx,
-                });
-                return match rx.await {
-                    Ok(Ok(v)) => ok(200, v),
-                    Ok(Err(e)) => step_error(e),
-                    Err(_) => unavailable(),
-                };
+                    reply,
+                })
+                .await;
+                return routes.map_or_else(step_error, |v| ok(200, v));
             }
             let event = Event::ServiceDeleted {
                 tenant,
                 service: name,
             };
-            match h.step_as(who, event).await {
-                Ok(Response::Stopping(stopping)) => {
-                    ok(200, meridian_federation::ScaleInReply { stopping })
-                }
-                Ok(other) => error(ErrorBody::new(
-                    ErrorCode::Internal,
-                    None,
-                    format!("unexpected {other:?}"),
-                )),
-                Err(e) => step_error(e),
-            }
+            stopping(h.step_as(who, event).await)
         }
         Call::ServiceDemand(body) => {
             let report = match decode_strict::<meridian_federation::DemandReport>(&body) {
                 Ok(r) => r,
                 Err(e) => return wire(e),
             };
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            h.services(super::services::ServiceCall::Demand {
+            let taken = ask(h, |reply| super::services::ServiceCall::Demand {
                 report,
                 who: who.clone(),
-                reply: tx,
-            });
-            match rx.await {
-                Ok(Ok(())) => ok(
+                reply,
+            })
+            .await;
+            taken.map_or_else(step_error, |()| {
+                ok(
                     200,
                     meridian_federation::Empty {
                         v: meridian_federation::WIRE_VERSION,
                     },
-                ),
-                Ok(Err(e)) => step_error(e),
-                Err(_) => unavailable(),
-            }
+                )
+            })
         }
         Call::Drain(site, drain) => {
             let site = match SiteId::new(site) {

@@ -83,6 +83,29 @@ pub struct Loaded {
     pub settings: Settings,
 }
 
+impl Loaded {
+    /// The clock's context for runs starting at `start_ms`, replicas serving `startup_min` after they start.
+    pub fn ctx(&self, start_ms: u64, startup_min: usize) -> Ctx<'_> {
+        Ctx::new(
+            &self.fed,
+            &self.spec,
+            self.cities.clone(),
+            &self.demand,
+            start_ms,
+            startup_min,
+            self.settings.clone(),
+        )
+    }
+
+    /// The cities' locations and measured-table regions, as the checker takes them.
+    pub fn city_points(&self) -> Vec<(meridian_federation::GeoPoint, Option<String>)> {
+        self.cities
+            .iter()
+            .map(|c| (c.location, c.rtt_region.clone()))
+            .collect()
+    }
+}
+
 /// Loads the federation, the service, the cities within reach and the demand.
 pub fn load(opts: &SimOptions) -> anyhow::Result<Loaded> {
     let fed = SimFederation::load(&opts.federation)?;
@@ -217,20 +240,8 @@ fn round(x: f64, digits: i32) -> f64 {
 pub fn simulate(opts: &SimOptions) -> anyhow::Result<(ServingReport, Vec<(String, Outcome)>)> {
     let l = load(opts)?;
     let startup_min = opts.startup_s.div_ceil(60) as usize;
-    let ctx = Ctx::new(
-        &l.fed,
-        &l.spec,
-        l.cities.clone(),
-        &l.demand,
-        opts.start_ms,
-        startup_min,
-        l.settings.clone(),
-    );
-    let city_points: Vec<_> = l
-        .cities
-        .iter()
-        .map(|c| (c.location, c.rtt_region.clone()))
-        .collect();
+    let ctx = l.ctx(opts.start_ms, startup_min);
+    let city_points = l.city_points();
     let inputs = check::Inputs {
         fed: &l.fed,
         spec: &l.spec,
