@@ -41,6 +41,9 @@ pub struct SiteSpec<'a> {
     pub readopt_ms: u64,
     /// Its agent also serves `/metrics` on a loopback port of its own (see [`Fed::agent_metrics_addr`]).
     pub metrics_listen: bool,
+    /// Its pool also sells spot capacity at this price (USD per hour); its agent reads the provider's reclaim
+    /// notice from `spot-notice` in its work folder (see [`Fed::reclaim_spot`]).
+    pub spot_price: Option<f64>,
 }
 
 impl<'a> SiteSpec<'a> {
@@ -58,6 +61,7 @@ impl<'a> SiteSpec<'a> {
             edge: false,
             readopt_ms: 1_000,
             metrics_listen: false,
+            spot_price: None,
         }
     }
 }
@@ -90,7 +94,7 @@ count = {}
 power_watts = 400
 shareable = true
 price_usd_per_hour = {}
-
+{}
 [agent]
 readopt_ms = {}
 metrics_ms = 1000
@@ -103,12 +107,18 @@ metrics_ms = 1000
         s.model,
         s.count,
         s.price,
+        s.spot_price.map_or(String::new(), |p| format!(
+            "spot_price_usd_per_hour = {p}\n"
+        )),
         s.readopt_ms,
-        if s.metrics_listen {
-            "metrics_listen = \"127.0.0.1:0\"\n"
-        } else {
-            ""
-        }
+        [
+            s.metrics_listen
+                .then_some("metrics_listen = \"127.0.0.1:0\"\n"),
+            s.spot_price.map(|_| "spot_notice = \"spot-notice\"\n"),
+        ]
+        .into_iter()
+        .flatten()
+        .collect::<String>()
     )
 }
 
@@ -177,6 +187,13 @@ impl Fed {
     }
 
     /// The address of a site's agent's own `/metrics` (an agent started with `metrics_listen`), once it listens.
+    /// The provider takes back `site`'s spot capacity: the reclaim notice its agent watches appears (the agent
+    /// stops its spot attempts and reports them interrupted; nothing goes to the broker but that).
+    pub fn reclaim_spot(&self, site: &str) {
+        let file = self.fed.dir.join("agents").join(site).join("spot-notice");
+        std::fs::write(&file, "").unwrap_or_else(|e| panic!("writing {}: {e}", file.display()));
+    }
+
     pub fn agent_metrics_addr(&self, site: &str) -> String {
         let file = self.fed.dir.join("agents").join(site).join("metrics.addr");
         let mut addr = String::new();

@@ -1,7 +1,7 @@
 //! Writes a journal fixture of the newest durable format from a real run (`broker/core/tests/fixtures/`):
 //! jobs that succeed, fail, are cancelled and keep running, an API token created and revoked, a site revoked
 //! and let back in, unpinned jobs under the balanced, carbon-price and cost-premium policies, services deployed
-//! (one with its replica running, one deleted), a kill -9 of the broker and its restart. Run by hand when a format is added (fixtures are
+//! (one with its replica running, one deleted, one on spot capacity), a kill -9 of the broker and its restart. Run by hand when a format is added (fixtures are
 //! never regenerated):
 //!   MERIDIAN_FIXTURE_DIR=broker/core/tests/fixtures/format-N \
 //!     cargo test -p meridian-e2e --test format_fixture -- --ignored --nocapture
@@ -31,7 +31,10 @@ fn write_a_journal_fixture_of_the_newest_format() {
     let throughput = configs().join("throughput.toml");
     let mut f = Fed::generated_with(
         &[
-            SiteSpec::new("site-a", "owned", "A100", 4, 1.0),
+            SiteSpec {
+                spot_price: Some(0.4),
+                ..SiteSpec::new("site-a", "owned", "A100", 4, 1.0)
+            },
             SiteSpec::new("site-b", "owned", "H100", 4, 2.0),
         ],
         &format!("throughput = {:?}", throughput.display().to_string()),
@@ -83,9 +86,14 @@ fn write_a_journal_fixture_of_the_newest_format() {
         let (code, body) = f.post("/v1/services", service(name).as_bytes());
         assert_eq!(code, 200, "{body}");
     }
+    // Spot (format 6): a service that allows it, its replica on site-a's spot capacity.
+    let mut spot: Value = serde_json::from_str(&service("spot")).unwrap();
+    spot["spot"] = json!(true);
+    let (code, body) = f.post("/v1/services", spot.to_string().as_bytes());
+    assert_eq!(code, 200, "{body}");
     f.wait_until("a replica of each service running", LONG, || {
         let jobs = f.jobs();
-        ["chat-", "gone-"].iter().all(|p| {
+        ["chat-", "gone-", "spot-"].iter().all(|p| {
             jobs.iter().any(|j| {
                 j["phase"] == "running" && j["name"].as_str().is_some_and(|n| n.starts_with(p))
             })

@@ -203,3 +203,125 @@ fn replicas_follow_demand_to_each_city_and_leave_when_it_ends() {
             .all(|j| j["phase"] != "running" && j["phase"] != "pending")
     });
 }
+
+/// The pools running replicas, from `GET /v1/services/chat`: `site/pool` with ` spot` on spot capacity.
+fn running_pools(api: &Api<'_>) -> Vec<String> {
+    let (status, v) = api.get("/v1/services/chat?tenant=acme");
+    assert_eq!(status, 200, "{v}");
+    let mut out: Vec<String> = v["ok"]["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["state"] == "running")
+        .map(|r| {
+            format!(
+                "{}{}",
+                r["site"].as_str().unwrap(),
+                if r["spot"] == true { " spot" } else { "" }
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// New York's routes: `site` with ` spot` on spot capacity.
+fn new_york_routes(api: &Api<'_>) -> Vec<String> {
+    let (status, v) = api.get("/v1/services/chat/routes?tenant=acme");
+    assert_eq!(status, 200, "{v}");
+    v["ok"]["locations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| l["location"] == "new-york")
+        .flat_map(|l| l["routes"].as_array().unwrap().iter())
+        .map(|r| {
+            format!(
+                "{}{}",
+                r["site"].as_str().unwrap(),
+                if r["spot"] == true { " spot" } else { "" }
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_spot_replica_taken_back_is_replaced_on_spot_elsewhere_then_on_demand() {
+    // Two clouds near New York, both selling spot: cloud-a's spot is the cheapest capacity, cloud-b's on-demand
+    // the cheapest on-demand.
+    let a = SiteSpec {
+        lat: 40.0,
+        lon: -74.5,
+        spot_price: Some(0.8),
+        ..SiteSpec::new("cloud-a", "cloud", "A100", 2, 3.0)
+    };
+    let b = SiteSpec {
+        lat: 40.5,
+        lon: -74.2,
+        spot_price: Some(1.0),
+        ..SiteSpec::new("cloud-b", "cloud", "A100", 2, 2.5)
+    };
+    let f = Fed::generated(&[a, b], "");
+    let gateway = f.create_token(Some("acme"), &["submit:default"]);
+    let viewer = f.create_token(Some("acme"), &["viewer"]);
+    let (gw, view) = (f.with_token(Some(&gateway)), f.with_token(Some(&viewer)));
+    let mut spec = service();
+    spec["spot"] = json!(true);
+    let (status, v) = gw.post("/v1/services", spec.to_string().as_bytes());
+    assert_eq!(status, 200, "{v}");
+
+    // 5 req/s from New York: one replica, on the cheapest spot capacity.
+    f.wait_until("a spot replica at cloud-a", LONG, || {
+        gw.post("/v1/services/chat/demand", &demand(5.0, 0.0));
+        running_pools(&view) == ["cloud-a spot"]
+    });
+    assert_eq!(new_york_routes(&view), ["cloud-a spot"]);
+
+    // The provider takes cloud-a's spot capacity back (the agent's own notice): the routing table drops the
+    // replica as soon as the broker hears of it, and a spot replica at cloud-b replaces it.
+    f.reclaim_spot("cloud-a");
+    f.wait_until("the cloud-a replica interrupted", LONG, || {
+        running_pools(&view).is_empty() || running_pools(&view) == ["cloud-b spot"]
+    });
+    assert!(
+        !new_york_routes(&view).contains(&"cloud-a spot".to_owned()),
+        "{:?}",
+        new_york_routes(&view)
+    );
+    f.wait_until("a spot replica at cloud-b", LONG, || {
+        gw.post("/v1/services/chat/demand", &demand(5.0, 0.0));
+        running_pools(&view) == ["cloud-b spot"]
+    });
+    assert_eq!(new_york_routes(&view), ["cloud-b spot"]);
+
+    // cloud-b's spot goes too: with both spot pools held, on-demand takes over, at the cheaper cloud.
+    f.reclaim_spot("cloud-b");
+    f.wait_until("an on-demand replica at cloud-b", LONG, || {
+        gw.post("/v1/services/chat/demand", &demand(5.0, 0.0));
+        running_pools(&view) == ["cloud-b"]
+    });
+    assert_eq!(new_york_routes(&view), ["cloud-b"]);
+    let (_, v) = view.get("/v1/services/chat?tenant=acme");
+    let lost: Vec<&Value> = v["ok"]["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["why"].as_str().unwrap().contains("replica lost"))
+        .collect();
+    assert_eq!(lost.len(), 2, "{v}");
+    assert!(
+        lost.iter().all(|c| c["spot"] == true
+            && c["why"]
+                .as_str()
+                .unwrap()
+                .contains("taken back by the provider")),
+        "{v}"
+    );
+    // The interrupted replicas were cancelled, not left waiting for a site that has no spot capacity.
+    let jobs = f.jobs();
+    assert_eq!(
+        jobs.iter().filter(|j| j["phase"] == "pending").count(),
+        0,
+        "{jobs:?}"
+    );
+}

@@ -653,6 +653,11 @@ pub struct JobSpec {
     /// together.
     #[serde(default)]
     pub service: Option<ServiceName>,
+    /// The job runs on spot capacity, at the pool's spot price, and only on pools that sell it; the site may
+    /// take the capacity back at any time (the attempt is then interrupted). A service's autoscaler sets it on
+    /// the replicas it places on spot.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub spot: bool,
     /// The job can write checkpoints and resume from them.
     #[serde(default)]
     pub checkpointable: bool,
@@ -691,6 +696,7 @@ impl JobSpec {
             max_wait_s: 0,
             window: Window::default(),
             service: None,
+            spot: false,
             checkpointable: false,
             constraints: Constraints::default(),
             users: vec![],
@@ -1015,6 +1021,9 @@ pub struct ServiceReplicaView {
     pub job: JobId,
     pub site: SiteId,
     pub pool: Option<PoolName>,
+    /// On spot capacity (the site may take it back).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub spot: bool,
     /// `starting` (waiting, offered or accepted) or `running`.
     pub state: String,
     pub usd_per_hour: f64,
@@ -1029,6 +1038,9 @@ pub struct ServiceChangeView {
     pub at_ms: u64,
     pub site: SiteId,
     pub pool: PoolName,
+    /// On spot capacity (the site may take it back).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub spot: bool,
     pub from: u32,
     pub to: u32,
     pub why: String,
@@ -1048,6 +1060,9 @@ pub struct ServiceView {
 pub struct RouteView {
     pub site: SiteId,
     pub pool: PoolName,
+    /// On spot capacity (the site may take it back).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub spot: bool,
     pub replicas: u32,
     pub rtt_ms: f64,
     pub weight: f64,

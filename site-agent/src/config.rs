@@ -117,6 +117,10 @@ pub struct AgentSettings {
     pub metrics_listen: Option<String>,
     /// Stop taking new work (running work finishes).
     pub draining: bool,
+    /// Where the provider's spot reclaim notice is written (relative to the work folder), as a cloud's
+    /// instance-action notice: when the file appears, the agent stops the spot attempts of the pools it names,
+    /// one per line (every pool when it names none), reports them interrupted and removes the file.
+    pub spot_notice: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
@@ -142,6 +146,7 @@ impl Default for AgentSettings {
             metrics_ms: 15_000,
             metrics_listen: None,
             draining: false,
+            spot_notice: None,
         }
     }
 }

@@ -27,6 +27,8 @@ pub enum Refusal {
     Unhealthy(u32),
     #[error("device {device} has {free} milli free, offer needs {needs}")]
     Full { device: u32, free: u32, needs: u32 },
+    #[error("pool {0} sells no spot capacity")]
+    NoSpot(meridian_federation::PoolName),
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -34,6 +36,8 @@ pub struct Attempt {
     pub reply: OfferReply,
     pub pool: meridian_federation::PoolName,
     pub devices: Vec<meridian_federation::DeviceShare>,
+    /// Runs on spot capacity: the provider may take it back.
+    pub spot: bool,
     /// Holds devices (accepted and not yet finished).
     pub active: bool,
     pub finished_seq: Option<u64>,
@@ -109,6 +113,18 @@ impl AgentCore {
         }
     }
 
+    /// The running spot attempts the provider takes back with a notice naming `pools` (all pools when empty).
+    pub fn reclaimed(&self, pools: &[meridian_federation::PoolName]) -> Vec<AttemptRef> {
+        self.attempts
+            .iter()
+            .filter(|(_, a)| a.active && a.spot && (pools.is_empty() || pools.contains(&a.pool)))
+            .map(|((job, attempt), _)| AttemptRef {
+                job: job.clone(),
+                attempt: *attempt,
+            })
+            .collect()
+    }
+
     pub fn running(&self) -> Vec<AttemptRef> {
         self.attempts
             .iter()
@@ -152,6 +168,7 @@ impl AgentCore {
                 reply: reply.clone(),
                 pool: offer.pool.clone(),
                 devices: offer.devices.clone(),
+                spot: offer.spec.spot,
                 active: accepted,
                 finished_seq: (!accepted).then_some(self.finished),
             },
@@ -174,6 +191,9 @@ impl AgentCore {
             .ok_or_else(|| Refusal::NoPool(offer.pool.clone()))?;
         if pool.kind != offer.spec.resources.kind {
             return Err(Refusal::WrongKind(pool.name.clone(), pool.kind.as_str()));
+        }
+        if offer.spec.spot && pool.spot_price_micro_usd_per_hour.is_none() {
+            return Err(Refusal::NoSpot(pool.name.clone()));
         }
         for share in &offer.devices {
             let d = pool
@@ -240,6 +260,7 @@ impl AgentCore {
         attempt: u32,
         pool: &meridian_federation::PoolName,
         devices: &[meridian_federation::DeviceShare],
+        spot: bool,
     ) {
         let key = (job.clone(), attempt);
         if self.attempts.contains_key(&key) {
@@ -258,6 +279,7 @@ impl AgentCore {
                 },
                 pool: pool.to_owned(),
                 devices: devices.to_vec(),
+                spot,
                 active: true,
                 finished_seq: None,
             },
@@ -353,6 +375,7 @@ price_usd_per_hour = 1.0
                 max_wait_s: 0,
                 window: Default::default(),
                 service: None,
+                spot: false,
                 checkpointable: false,
                 constraints: Constraints::default(),
                 users: vec![],
@@ -376,6 +399,31 @@ price_usd_per_hour = 1.0
         assert_eq!(r1, r2);
         assert!(start1 && !start2);
         assert_eq!(c.pools[0].devices[0].used_milli, 1000);
+    }
+
+    #[test]
+    fn spot_is_taken_only_where_sold_and_a_notice_takes_back_only_spot_attempts() {
+        let mut c = core();
+        let mut spot = offer("j-spot", 1, 0, 500);
+        spot.spec.spot = true;
+        let (r, start) = c.on_offer(&spot);
+        assert!(!start);
+        assert!(
+            matches!(r.outcome, OfferOutcome::Rejected { ref reason } if reason.contains("no spot")),
+            "{r:?}"
+        );
+        c.pools[0].spot_price_micro_usd_per_hour = Some(400_000);
+        let mut spot = offer("j-spot", 2, 0, 500);
+        spot.spec.spot = true;
+        assert!(c.on_offer(&spot).1);
+        assert!(c.on_offer(&offer("j-on-demand", 1, 1, 500)).1);
+        let taken = c.reclaimed(&[]);
+        assert_eq!(taken.len(), 1);
+        assert_eq!(taken[0].job.as_str(), "j-spot");
+        assert_eq!(c.reclaimed(&["gpu".into()]), taken);
+        assert!(c.reclaimed(&["other".into()]).is_empty());
+        c.on_finished(&JobId::new("j-spot").expect("id"), 2);
+        assert!(c.reclaimed(&[]).is_empty());
     }
 
     #[test]

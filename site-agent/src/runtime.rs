@@ -67,6 +67,9 @@ struct AttemptRecord {
     devices: Vec<meridian_federation::DeviceShare>,
     started_ms: u64,
     checkpoint_path: PathBuf,
+    /// On spot capacity (records of earlier agents lack it: on-demand).
+    #[serde(default)]
+    spot: bool,
 }
 
 struct Proc {
@@ -74,6 +77,9 @@ struct Proc {
     handle: Option<Handle>,
     started_ms: u64,
     cancel_reason: Option<String>,
+    /// Stopped by the site itself (its spot capacity taken back): reported interrupted, so the broker replaces
+    /// it.
+    interrupt_reason: Option<String>,
     checkpoint_path: PathBuf,
     pgid_path: PathBuf,
     /// The checkpoint URI last reported to the broker.
@@ -97,6 +103,8 @@ struct Agent {
     epoch: u64,
     /// How long jobs outlive this agent, for a restarted one to take them back.
     readopt: Duration,
+    /// Where the provider's spot reclaim notice appears (`[agent] spot_notice`).
+    spot_notice: Option<PathBuf>,
     /// Use changed since the last advert: the next reap tick (every 100 ms) sends one, so a burst of starts
     /// costs one advert, not one each.
     advert_due: bool,
@@ -216,6 +224,11 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
         heartbeat_seq: 0,
         epoch: next_epoch(&opts.work_dir)?,
         readopt: Duration::from_millis(site.agent.readopt_ms),
+        spot_notice: site
+            .agent
+            .spot_notice
+            .as_ref()
+            .map(|p| opts.work_dir.join(p)),
         advert_due: false,
         telemetry: meridian_adapters::telemetry::Telemetry::from_env("meridian-agent")
             .map_err(anyhow::Error::msg)?,
@@ -278,6 +291,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
             _ = advert.tick() => agent.publish_advert().await,
             _ = metrics.tick(), if site.agent.metrics_ms > 0 => agent.publish_metrics(nvml).await,
             _ = reap.tick() => {
+                agent.take_back_spot();
                 agent.reap_finished().await;
                 if agent.advert_due {
                     agent.publish_advert().await;
@@ -671,6 +685,7 @@ impl Agent {
                     devices: offer.devices.clone(),
                     started_ms: now_ms(),
                     checkpoint_path: checkpoint_path.clone(),
+                    spot: offer.spec.spot,
                 };
                 std::fs::write(
                     pgid_path.with_extension("json"),
@@ -699,6 +714,7 @@ impl Agent {
             handle,
             started_ms: now_ms(),
             cancel_reason: None,
+            interrupt_reason: None,
             checkpoint_path,
             pgid_path,
             reported_checkpoint: None,
@@ -707,6 +723,49 @@ impl Agent {
         self.status(&offer.job, offer.attempt, AttemptState::Running, Some(&p));
         self.procs.insert((offer.job.clone(), offer.attempt), p);
         Ok(())
+    }
+
+    /// The provider's spot reclaim notice: when its file appears, the spot attempts of the pools it names (one
+    /// per line; every pool when it names none) are stopped and reported interrupted, and the file is removed.
+    fn take_back_spot(&mut self) {
+        let Some(path) = &self.spot_notice else {
+            return;
+        };
+        let Ok(text) = std::fs::read_to_string(path) else {
+            return;
+        };
+        if let Err(e) = std::fs::remove_file(path) {
+            tracing::warn!("removing the spot notice {}: {e}", path.display());
+        }
+        let pools: Vec<meridian_federation::PoolName> = text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .map(meridian_federation::PoolName::from)
+            .collect();
+        let taken = self.core.reclaimed(&pools);
+        tracing::info!(
+            "spot reclaim notice for {}: stopping {} attempt(s)",
+            if pools.is_empty() {
+                "every pool".to_owned()
+            } else {
+                format!("{pools:?}")
+            },
+            taken.len()
+        );
+        for a in taken {
+            if let Some(p) = self.procs.get_mut(&(a.job.clone(), a.attempt)) {
+                if p.cancel_reason.is_some() || p.interrupt_reason.is_some() {
+                    continue;
+                }
+                p.interrupt_reason = Some("spot capacity taken back by the provider".into());
+                match &mut p.handle {
+                    Some(Handle::Started(h)) => h.stop(),
+                    Some(Handle::Adopted) => local::request_stop(&p.pgid_path),
+                    None => {}
+                }
+            }
+        }
     }
 
     fn on_cancel(&mut self, payload: &[u8]) {
@@ -770,8 +829,8 @@ impl Agent {
         let mut done = Vec::new();
         for (key, p) in self.procs.iter_mut() {
             let Some(h) = &mut p.handle else {
-                // Nothing runs under the no-op executor: a job ends when it is cancelled.
-                if p.cancel_reason.is_some() {
+                // Nothing runs under the no-op executor: a job ends when it is cancelled or taken back.
+                if p.cancel_reason.is_some() || p.interrupt_reason.is_some() {
                     done.push((key.clone(), 0));
                 }
                 continue;
@@ -800,6 +859,9 @@ impl Agent {
             let state = match (&p.cancel_reason, code) {
                 (Some(reason), _) => AttemptState::Cancelled {
                     reason: reason.clone(),
+                },
+                (None, _) if p.interrupt_reason.is_some() => AttemptState::Interrupted {
+                    reason: p.interrupt_reason.clone().unwrap_or_default(),
                 },
                 (None, 0) => AttemptState::Succeeded { exit_code: 0 },
                 (None, c) => AttemptState::Failed {
@@ -878,13 +940,15 @@ impl Agent {
                 }
             };
             if let Some(r) = record.as_ref().filter(|_| local::adopt(&path)) {
-                self.core.adopt(&r.job, r.attempt, &r.pool, &r.devices);
+                self.core
+                    .adopt(&r.job, r.attempt, &r.pool, &r.devices, r.spot);
                 self.procs.insert(
                     (r.job.clone(), r.attempt),
                     Proc {
                         handle: Some(Handle::Adopted),
                         started_ms: r.started_ms,
                         cancel_reason: None,
+                        interrupt_reason: None,
                         checkpoint_path: r.checkpoint_path.clone(),
                         pgid_path: path.clone(),
                         reported_checkpoint: None,

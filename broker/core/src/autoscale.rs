@@ -278,14 +278,19 @@ fn preference(offers: &[Offer], within: &[Cand], objective: Objective) -> Vec<us
                 Objective::Latency => [c.rtt, c.usd, c.g],
             }
         };
+        // Spot first where the service allows it (its offers exist only then), as a spot-first autoscaler
+        // does: on-demand is the fallback.
         group.sort_by(|a, b| {
             let (ka, kb) = (key(a), key(b));
-            ka.iter()
-                .zip(kb.iter())
-                .map(|(x, y)| x.total_cmp(y))
-                .find(|o| o.is_ne())
-                .unwrap_or(std::cmp::Ordering::Equal)
-                .then(offers[a.i].key.cmp(&offers[b.i].key))
+            let spot_first = offers[b.i].key.spot.cmp(&offers[a.i].key.spot);
+            spot_first.then_with(|| {
+                ka.iter()
+                    .zip(kb.iter())
+                    .map(|(x, y)| x.total_cmp(y))
+                    .find(|o| o.is_ne())
+                    .unwrap_or(std::cmp::Ordering::Equal)
+                    .then(offers[a.i].key.cmp(&offers[b.i].key))
+            })
         });
         out.extend(group.into_iter().map(|c| c.i));
     }
@@ -331,7 +336,8 @@ pub fn desired(
         out.reach[l] = preference(offers, &within, s.objective);
         rtts.push(row);
     }
-    // Replicas wanted and demand assigned, per offer.
+    // Replicas wanted and demand assigned, per offer; a pool's on-demand and spot offers share its room.
+    let pools = Pools::of(offers);
     let mut count = vec![0u32; offers.len()];
     let mut load = vec![0.0f64; offers.len()];
     // The most constrained locations first, then the largest.
@@ -372,10 +378,11 @@ pub fn desired(
             }
             let o = &offers[i];
             let per = o.capacity * util;
-            if per <= 0.0 || count[i] >= o.room {
+            let free = pools.free(i, &count);
+            if per <= 0.0 || free == 0 {
                 continue;
             }
-            let more = ((left / per).ceil() as u32).min(o.room - count[i]);
+            let more = ((left / per).ceil() as u32).min(free);
             count[i] += more;
             let take = spare(i, &count, &load).min(left);
             load[i] += take;
@@ -387,13 +394,45 @@ pub fn desired(
         }
         out.unserved[l] = left.max(0.0);
     }
-    clamp_total(offers, demand, &rtts, s, &mut count);
+    clamp_total(offers, &pools, demand, &rtts, s, &mut count);
     for (i, c) in count.iter().enumerate() {
         if *c > 0 {
             *out.replicas.entry(offers[i].key.clone()).or_default() += c;
         }
     }
     out
+}
+
+/// Which offers share a pool (its on-demand and spot offers): room is the pool's, whichever way it is sold.
+struct Pools {
+    /// Per offer: the offers of the same site and pool.
+    of: Vec<Vec<usize>>,
+    room: Vec<u32>,
+}
+
+impl Pools {
+    fn of(offers: &[Offer]) -> Self {
+        let mut by_pool: BTreeMap<(&SiteId, &PoolName), Vec<usize>> = BTreeMap::new();
+        for (i, o) in offers.iter().enumerate() {
+            by_pool
+                .entry((&o.key.site, &o.key.pool))
+                .or_default()
+                .push(i);
+        }
+        Pools {
+            of: offers
+                .iter()
+                .map(|o| by_pool[&(&o.key.site, &o.key.pool)].clone())
+                .collect(),
+            room: offers.iter().map(|o| o.room).collect(),
+        }
+    }
+
+    /// Replicas offer `i`'s pool still has room for, given those wanted of each offer.
+    fn free(&self, i: usize, count: &[u32]) -> u32 {
+        let used: u32 = self.of[i].iter().map(|j| count[*j]).sum();
+        self.room[i].saturating_sub(used)
+    }
 }
 
 /// The order in which replicas are given up (first = first removed): cloud before partner before owned, spot
@@ -415,6 +454,7 @@ fn removal_order(offers: &[Offer]) -> Vec<usize> {
 /// demand within the SLO (then tier and policy order); replicas over the maximum are given up in removal order.
 fn clamp_total(
     offers: &[Offer],
+    pools: &Pools,
     demand: &[LocationDemand],
     rtts: &[Vec<f64>],
     s: &Settings,
@@ -438,7 +478,7 @@ fn clamp_total(
         by_reach.sort_by(|a, b| reached(*b).total_cmp(&reached(*a)));
         let mut need = s.min_replicas - total;
         for i in by_reach {
-            let add = need.min(offers[i].room.saturating_sub(count[i]));
+            let add = need.min(pools.free(i, count));
             count[i] += add;
             need -= add;
             if need == 0 {
@@ -764,6 +804,42 @@ mod tests {
             .filter(|(k, _)| k.site.as_str() == site)
             .map(|(_, c)| *c)
             .sum()
+    }
+
+    fn spot(site: &str, lon: f64, usd: f64, g: f64, room: u32) -> Offer {
+        let mut o = offer(site, Tier::Cloud, lon, usd, g, room);
+        o.key.spot = true;
+        o
+    }
+
+    #[test]
+    fn spot_goes_first_within_a_tier_and_shares_its_pool_s_room_with_on_demand() {
+        // Each cloud pool sells on-demand and spot from the same four devices.
+        let offers = vec![
+            offer("cloud-a", Tier::Cloud, -75.0, 3.0, 10.0, 4),
+            spot("cloud-a", -75.0, 1.0, 10.0, 4),
+            offer("cloud-b", Tier::Cloud, -75.5, 2.0, 10.0, 4),
+            spot("cloud-b", -75.5, 1.5, 10.0, 4),
+        ];
+        let demand = vec![at("new-york", -74.0, 70.0)];
+        for objective in [Objective::Cost, Objective::Carbon, Objective::Knee] {
+            let d = desired(&offers, &demand, &RttTable::default(), &settings(objective));
+            let want = |i: usize| d.replicas.get(&offers[i].key).copied().unwrap_or(0);
+            // Seven replicas: both pools' spot first (four, then three), no pool beyond its four devices.
+            assert_eq!((want(1), want(3)), (4, 3), "{objective:?}");
+            assert_eq!((want(0), want(2)), (0, 0), "{objective:?}");
+        }
+        // More than spot can hold: on-demand takes the rest, in the room spot leaves.
+        let d = desired(
+            &offers,
+            &[at("new-york", -74.0, 100.0)],
+            &RttTable::default(),
+            &settings(Objective::Cost),
+        );
+        let want = |i: usize| d.replicas.get(&offers[i].key).copied().unwrap_or(0);
+        assert_eq!(want(1) + want(3), 8);
+        assert_eq!(want(0) + want(2), 0, "both pools are full of spot replicas");
+        assert!(d.unserved[0] > 19.0);
     }
 
     #[test]

@@ -89,7 +89,12 @@ fn bounds(site: &Site, pool: &super::model::Pool, throughput: &Throughput) -> (f
         .chain([c.g_per_kwh])
         .min()
         .unwrap_or(c.g_per_kwh);
-    let cost = pool.price_micro_usd_per_hour as f64 / tp;
+    let price = pool
+        .price_for(true)
+        .map_or(pool.price_micro_usd_per_hour, |spot| {
+            spot.min(pool.price_micro_usd_per_hour)
+        });
+    let cost = price as f64 / tp;
     let carbon = f64::from(pool.power_watts) * site.info.pue * f64::from(g_min) / 1000.0 / tp;
     (cost, carbon)
 }

@@ -38,10 +38,9 @@ pub struct Pool {
     pub memory_mib: u64,
     pub power_watts: u32,
     pub price_micro_usd_per_hour: u64,
-    /// The spot price, where the pool sells spot capacity (a replica of a service that allows spot). Not kept
-    /// in snapshots (snapshots of earlier formats lack it): a restored broker learns it from the site's next
-    /// changed advert.
-    #[serde(skip)]
+    /// The spot price, where the pool sells spot capacity (jobs that allow spot: a service's replicas). Kept
+    /// in snapshots only where there is one, so a pool without spot reads and writes as in earlier formats.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spot_price_micro_usd_per_hour: Option<u64>,
     pub milli_sharing: bool,
     /// MIG-style profiles the devices can be sliced into.
@@ -52,6 +51,15 @@ pub struct Pool {
 }
 
 impl Pool {
+    /// The price per device-hour of on-demand capacity, or of spot capacity (`None` where the pool sells none).
+    pub fn price_for(&self, spot: bool) -> Option<u64> {
+        if spot {
+            self.spot_price_micro_usd_per_hour
+        } else {
+            Some(self.price_micro_usd_per_hour)
+        }
+    }
+
     fn from_advert(p: &PoolAdvert) -> Self {
         Pool {
             name: p.name.clone(),
@@ -128,6 +136,21 @@ impl Site {
         }
     }
 
+    /// Whether an advert says nothing new: the same generation of the same facts, from a site that is up, with
+    /// the spot prices known (a site restored from a snapshot of a format before spot lacks them, and takes
+    /// them from its next advert).
+    pub fn repeats(&self, a: &SiteAdvert) -> bool {
+        self.up
+            && self.generation == a.generation
+            && self.info == a.site
+            && self.pools.len() == a.pools.len()
+            && self
+                .pools
+                .iter()
+                .zip(&a.pools)
+                .all(|(p, q)| p.spot_price_micro_usd_per_hour == q.spot_price_micro_usd_per_hour)
+    }
+
     /// Whether an advert lists the same pools and devices (so reservations carry over).
     pub fn same_shape(&self, a: &SiteAdvert) -> bool {
         self.pools.len() == a.pools.len()
@@ -197,10 +220,13 @@ impl Site {
         }
     }
 
-    /// The rates of a pool here, with grid intensity `g_per_kwh`.
-    pub fn rates(&self, pool: &Pool, g_per_kwh: u32) -> Rates {
+    /// The rates of a pool here for on-demand capacity, or for spot capacity where the pool sells it (else its
+    /// on-demand price, the dearer figure), with grid intensity `g_per_kwh`.
+    pub fn rates(&self, pool: &Pool, spot: bool, g_per_kwh: u32) -> Rates {
         Rates {
-            price_micro_usd_per_hour: pool.price_micro_usd_per_hour,
+            price_micro_usd_per_hour: pool
+                .price_for(spot)
+                .unwrap_or(pool.price_micro_usd_per_hour),
             power_watts: pool.power_watts,
             pue: self.info.pue,
             g_per_kwh,

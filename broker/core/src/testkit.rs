@@ -88,6 +88,14 @@ impl SiteBuilder {
         self
     }
 
+    /// The last pool added also sells spot capacity at this price.
+    pub fn spot(mut self, price_usd: f64) -> Self {
+        if let Some(p) = self.advert.pools.last_mut() {
+            p.spot_price_micro_usd_per_hour = Some((price_usd * 1e6) as u64);
+        }
+        self
+    }
+
     pub fn carbon(mut self, g: u32) -> Self {
         self.advert.site.carbon.g_per_kwh = g;
         self

@@ -485,9 +485,10 @@ async fn service_cmd(client: &Client, cmd: ServiceCmd, out: Output) -> anyhow::R
                         .iter()
                         .map(|r| {
                             format!(
-                                "{}/{} ×{} {:.0} ms {:.0}%",
+                                "{}/{}{} ×{} {:.0} ms {:.0}%",
                                 r.site,
                                 r.pool,
+                                if r.spot { " spot" } else { "" },
                                 r.replicas,
                                 r.rtt_ms,
                                 r.weight * 100.0

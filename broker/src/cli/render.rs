@@ -384,6 +384,14 @@ fn utc(ms: u64) -> String {
 }
 
 /// A service: its replicas per site, the demand planned for and the recent changes.
+fn spot_mark(spot: bool) -> &'static str {
+    if spot {
+        " spot"
+    } else {
+        ""
+    }
+}
+
 pub fn service(s: &meridian_federation::ServiceView) {
     let spec = &s.spec;
     outln!(
@@ -413,9 +421,10 @@ pub fn service(s: &meridian_federation::ServiceView) {
             "{:<24} {:<18} {:<10} {:>10.2} {:>9.2} {:>12.1}",
             r.job.to_string(),
             format!(
-                "{}/{}",
+                "{}/{}{}",
                 r.site,
-                r.pool.as_ref().map_or("?".to_owned(), |p| p.to_string())
+                r.pool.as_ref().map_or("?".to_owned(), |p| p.to_string()),
+                spot_mark(r.spot)
             ),
             r.state,
             r.serves_per_s,
@@ -437,10 +446,11 @@ pub fn service(s: &meridian_federation::ServiceView) {
     }
     for c in s.changes.iter().rev().take(10) {
         outln!(
-            "{} {}/{} {} → {}: {}",
+            "{} {}/{}{} {} → {}: {}",
             meridian_core::utc(c.at_ms),
             c.site,
             c.pool,
+            spot_mark(c.spot),
             c.from,
             c.to,
             c.why

@@ -29,6 +29,9 @@ pub const EVERY_MS: u64 = 2_000;
 pub const STALE_MS: u64 = 60_000;
 /// Changes kept per service for `meridian service show`.
 const KEEP_CHANGES: usize = 50;
+/// How long a pool that took back a spot replica of a service gets no new spot replica of it: its
+/// replacement goes to another pool's spot capacity, or on-demand.
+pub const SPOT_HOLD_MS: u64 = 600_000;
 
 type Key = (TenantId, ServiceName);
 
@@ -39,6 +42,8 @@ struct Run {
     demand: BTreeMap<String, (LocationRate, Millis)>,
     changes: VecDeque<ServiceChangeView>,
     last_ms: Millis,
+    /// Offers not used until then: where a replica was lost.
+    held: BTreeMap<ReplicaKey, Millis>,
 }
 
 /// The autoscaler's soft state of every service.
@@ -69,7 +74,7 @@ fn key_of(job: &Job, sites: &BTreeMap<SiteId, Site>) -> Option<ReplicaKey> {
         return Some(ReplicaKey {
             site: a.site.clone(),
             pool: a.pool.clone(),
-            spot: false,
+            spot: job.spec.spot,
         });
     }
     let site = job.spec.constraints.sites.first()?;
@@ -82,8 +87,21 @@ fn key_of(job: &Job, sites: &BTreeMap<SiteId, Site>) -> Option<ReplicaKey> {
     Some(ReplicaKey {
         site: site.clone(),
         pool: pool.name.clone(),
-        spot: false,
+        spot: job.spec.spot,
     })
+}
+
+/// A replica that cannot start where it is pinned: the site interrupted it (took its spot capacity back, lost
+/// its agent) or refused it, and the broker keeps it off that site for a while. The autoscaler replaces it.
+fn lost(job: &Job, now: Millis) -> Option<Millis> {
+    if job.assignment.is_some() || job.phase != JobPhase::Pending {
+        return None;
+    }
+    let site = job.spec.constraints.sites.first()?;
+    job.refused_until
+        .iter()
+        .find(|(s, until)| s == site && *until > now)
+        .map(|(_, until)| *until)
 }
 
 fn live_replicas<'a, J: Journal>(
@@ -97,8 +115,14 @@ fn live_replicas<'a, J: Journal>(
     })
 }
 
-/// The service's offers now: each pool's room is its free slots plus the service's own replicas there.
-fn live_offers<J: Journal>(reactor: &Reactor<J>, spec: &ServiceSpec) -> Vec<Offer> {
+/// The service's offers now, less those `held`: each pool's room is its free slots plus the service's own
+/// replicas there (on-demand and spot alike).
+fn live_offers<J: Journal>(
+    reactor: &Reactor<J>,
+    spec: &ServiceSpec,
+    held: &BTreeMap<ReplicaKey, Millis>,
+    now: Millis,
+) -> Vec<Offer> {
     let view = View {
         sites: reactor.state().sites(),
         rtt: reactor.rtt(),
@@ -109,7 +133,10 @@ fn live_offers<J: Journal>(reactor: &Reactor<J>, spec: &ServiceSpec) -> Vec<Offe
     };
     let replica = spec.replica_spec(0);
     let share = replica.resources.milli_per_replica().max(1);
-    let mut out = offers(view, &replica, spec.throughput.per_replica(), false);
+    // Spot replicas are journaled from the durable format that keeps them.
+    let spot = spec.spot && reactor.state().format() >= meridian_core::reactor::SPOT_FORMAT;
+    let mut out = offers(view, &replica, spec.throughput.per_replica(), spot);
+    out.retain(|o| held.get(&o.key).is_none_or(|until| *until <= now));
     for o in &mut out {
         let free: u64 = reactor
             .state()
@@ -133,17 +160,22 @@ fn live_offers<J: Journal>(reactor: &Reactor<J>, spec: &ServiceSpec) -> Vec<Offe
                 }
             });
         let own = live_replicas(reactor, spec)
-            .filter(|j| key_of(j, reactor.state().sites()).as_ref() == Some(&o.key))
-            .filter(|j| j.assignment.is_some())
+            .filter_map(|j| j.assignment.as_ref())
+            .filter(|a| a.site == o.key.site && a.pool == o.key.pool)
             .count() as u64;
         o.room = u32::try_from((free + own).min(u64::from(o.room))).unwrap_or(o.room);
     }
     out
 }
 
-fn present<J: Journal>(reactor: &Reactor<J>, spec: &ServiceSpec) -> BTreeMap<ReplicaKey, Present> {
+/// The replicas at each pool, ready or starting; lost ones are not counted.
+fn present<J: Journal>(
+    reactor: &Reactor<J>,
+    spec: &ServiceSpec,
+    now: Millis,
+) -> BTreeMap<ReplicaKey, Present> {
     let mut out: BTreeMap<ReplicaKey, Present> = BTreeMap::new();
-    for j in live_replicas(reactor, spec) {
+    for j in live_replicas(reactor, spec).filter(|j| lost(j, now).is_none()) {
         let Some(key) = key_of(j, reactor.state().sites()) else {
             continue;
         };
@@ -158,6 +190,64 @@ fn present<J: Journal>(reactor: &Reactor<J>, spec: &ServiceSpec) -> BTreeMap<Rep
 }
 
 impl Run {
+    fn record(&mut self, change: ServiceChangeView) {
+        self.changes.push_back(change);
+        while self.changes.len() > KEEP_CHANGES {
+            self.changes.pop_front();
+        }
+    }
+
+    /// Cancels the replicas that were lost and holds their offers: a spot pool for [`SPOT_HOLD_MS`], an
+    /// on-demand one while the broker keeps the replica off its site. The plan that follows replaces them.
+    fn replace_lost<J: Journal>(
+        &mut self,
+        reactor: &Reactor<J>,
+        spec: &ServiceSpec,
+        now: Millis,
+    ) -> Vec<Event> {
+        self.held.retain(|_, until| *until > now);
+        let sites = reactor.state().sites();
+        let mut out = Vec::new();
+        let mut by_key: BTreeMap<ReplicaKey, (u32, u32, String)> = BTreeMap::new();
+        for j in live_replicas(reactor, spec) {
+            let Some(key) = key_of(j, sites) else {
+                continue;
+            };
+            let entry = by_key.entry(key.clone()).or_default();
+            entry.0 += 1;
+            if let Some(until) = lost(j, now) {
+                let hold = if key.spot {
+                    until.max(now + SPOT_HOLD_MS)
+                } else {
+                    until
+                };
+                let held = self.held.entry(key).or_default();
+                *held = (*held).max(hold);
+                entry.1 += 1;
+                // Why it was requeued (its `why` is the latest placement's by now).
+                entry.2 = j
+                    .history
+                    .iter()
+                    .rev()
+                    .find(|(_, text)| text.starts_with("requeued"))
+                    .map_or_else(|| j.why.clone(), |(_, text)| text.clone());
+                out.push(Event::Cancel(j.id.clone()));
+            }
+        }
+        for (key, (n, lost, why)) in by_key.into_iter().filter(|(_, e)| e.1 > 0) {
+            self.record(ServiceChangeView {
+                at_ms: now,
+                site: key.site,
+                pool: key.pool,
+                spot: key.spot,
+                from: n,
+                to: n - lost,
+                why: format!("replica lost ({why}); replaced where the plan says, this pool held"),
+            });
+        }
+        out
+    }
+
     fn demand(&self, now: Millis) -> Vec<LocationDemand> {
         self.demand
             .values()
@@ -205,8 +295,9 @@ impl Autoscaling {
                 continue;
             }
             run.last_ms = now;
-            let offers = live_offers(reactor, spec);
-            let have = present(reactor, spec);
+            out.extend(run.replace_lost(reactor, spec, now));
+            let offers = live_offers(reactor, spec, &run.held, now);
+            let have = present(reactor, spec, now);
             let s = settings(spec);
             let demand = run.demand(now);
             let (_, changes) = run
@@ -214,17 +305,15 @@ impl Autoscaling {
                 .step(now, &offers, &demand, &have, reactor.rtt(), &s);
             for (i, c) in changes.iter().enumerate() {
                 out.extend(carry_out(reactor, spec, c, now, i as u64));
-                run.changes.push_back(ServiceChangeView {
+                run.record(ServiceChangeView {
                     at_ms: now,
                     site: c.key.site.clone(),
                     pool: c.key.pool.clone(),
+                    spot: c.key.spot,
                     from: c.from,
                     to: c.to,
                     why: why(c),
                 });
-                while run.changes.len() > KEEP_CHANGES {
-                    run.changes.pop_front();
-                }
             }
         }
         out
@@ -238,7 +327,12 @@ impl Autoscaling {
         now: Millis,
     ) -> ServiceView {
         let run = self.runs.get(&(spec.tenant.clone(), spec.name.clone()));
-        let offers = live_offers(reactor, spec);
+        let offers = live_offers(
+            reactor,
+            spec,
+            &run.map(|r| r.held.clone()).unwrap_or_default(),
+            now,
+        );
         let demand = run.map(|r| r.demand(now)).unwrap_or_default();
         let plan = desired(&offers, &demand, reactor.rtt(), &settings(spec));
         let mut per_key: BTreeMap<ReplicaKey, f64> = BTreeMap::new();
@@ -247,7 +341,7 @@ impl Autoscaling {
                 *per_key.entry(offers[*i].key.clone()).or_default() += rate;
             }
         }
-        let have = present(reactor, spec);
+        let have = present(reactor, spec, now);
         let replicas = live_replicas(reactor, spec)
             .filter_map(|j| {
                 let key = key_of(j, reactor.state().sites())?;
@@ -257,8 +351,11 @@ impl Autoscaling {
                     job: j.id.clone(),
                     site: key.site.clone(),
                     pool: Some(key.pool.clone()),
+                    spot: key.spot,
                     state: if j.phase == JobPhase::Running {
                         "running".into()
+                    } else if lost(j, now).is_some() {
+                        "lost".into()
                     } else {
                         "starting".into()
                     },
@@ -294,8 +391,9 @@ impl Autoscaling {
         now: Millis,
     ) -> RoutesView {
         let run = self.runs.get(&(spec.tenant.clone(), spec.name.clone()));
-        let offers = live_offers(reactor, spec);
-        let ready: BTreeMap<ReplicaKey, u32> = present(reactor, spec)
+        // Every pool with ready replicas is routed to, held or not.
+        let offers = live_offers(reactor, spec, &BTreeMap::new(), now);
+        let ready: BTreeMap<ReplicaKey, u32> = present(reactor, spec, now)
             .into_iter()
             .map(|(k, p)| (k, p.ready))
             .collect();
@@ -314,6 +412,7 @@ impl Autoscaling {
                         .map(|r| RouteView {
                             site: r.key.site,
                             pool: r.key.pool,
+                            spot: r.key.spot,
                             replicas: r.replicas,
                             rtt_ms: r.rtt_ms,
                             weight: r.weight,
@@ -358,6 +457,7 @@ fn carry_out<J: Journal>(
             .map(|i| {
                 let mut job = spec.replica_spec(now * 1000 + n * 100 + u64::from(i));
                 job.constraints.sites = vec![c.key.site.clone()];
+                job.spot = c.key.spot;
                 if let Some(m) = &model {
                     job.resources.models = vec![m.clone()];
                     job.resources

@@ -209,6 +209,7 @@ pub fn trace_job_spec(
         max_wait_s,
         window: Default::default(),
         service: None,
+        spot: false,
         checkpointable: false,
         constraints: Constraints::default(),
         users: vec![UserLocation {

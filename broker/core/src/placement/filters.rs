@@ -147,12 +147,12 @@ fn pool_reject(pool: &Pool, spec: &JobSpec) -> Option<Reject> {
             needs: needs_devices,
         });
     }
+    let Some(price) = pool.price_for(spec.spot) else {
+        return Some(Reject::NoSpot);
+    };
     if let Some(cap) = spec.constraints.price_cap_micro_usd_per_hour {
-        if pool.price_micro_usd_per_hour > cap {
-            return Some(Reject::PriceAboveCap {
-                price: pool.price_micro_usd_per_hour,
-                cap,
-            });
+        if price > cap {
+            return Some(Reject::PriceAboveCap { price, cap });
         }
     }
     None

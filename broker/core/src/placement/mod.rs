@@ -148,6 +148,8 @@ pub enum Reject {
         price: u64,
         cap: u64,
     },
+    /// The job runs on spot capacity and the pool sells none.
+    NoSpot,
     /// Started now on this model, the job would finish after its deadline.
     MissesDeadline {
         late_by_ms: u64,
@@ -206,6 +208,7 @@ impl fmt::Display for Reject {
                 *price as f64 / 1e6,
                 *cap as f64 / 1e6
             ),
+            Reject::NoSpot => write!(f, "pool sells no spot capacity"),
             Reject::RefusedRecently => write!(f, "refused or timed out an offer recently"),
             Reject::QueueCapped => write!(f, "the job's queue is at its quota cap at this site"),
             Reject::Busy {

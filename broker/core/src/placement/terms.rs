@@ -320,7 +320,7 @@ pub(super) fn terms(
     // The expected duration is for the reference model; this pool's model runs it faster or slower.
     let duration_ms = view.throughput.runtime_ms(duration_ms, &pool.model);
     let intensity = site.mean_intensity(now, duration_ms).round() as u32;
-    let rates: Rates = site.rates(pool, intensity);
+    let rates: Rates = site.rates(pool, spec.spot, intensity);
     let run = metering::amounts(&rates, spec.total_milli(), duration_ms);
     let mut data_bytes = 0u64;
     let mut egress_cost = 0u64;

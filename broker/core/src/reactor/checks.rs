@@ -39,11 +39,17 @@ impl<J: Journal> Reactor<J> {
                 } else {
                     None
                 };
-                if let Some((field, what)) = newer.filter(|_| self.state.format() < KNEE_FORMAT) {
+                let spot = spec.spot.then_some(("spot", "jobs on spot capacity", super::SPOT_FORMAT));
+                let since = newer.map(|(field, what)| (field, what, KNEE_FORMAT));
+                if let Some((field, what, from)) = since
+                    .into_iter()
+                    .chain(spot)
+                    .find(|(_, _, from)| self.state.format() < *from)
+                {
                     return Err(StepError::Invalid {
                         field: field.into(),
                         problem: format!(
-                            "{what} are kept from durable format {KNEE_FORMAT}; the journal is in format {}: run `meridian journal upgrade-format` once every broker runs this release",
+                            "{what} are kept from durable format {from}; the journal is in format {}: run `meridian journal upgrade-format` once every broker runs this release",
                             self.state.format()
                         ),
                     });

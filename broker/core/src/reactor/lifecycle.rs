@@ -326,7 +326,7 @@ impl<J: Journal> Reactor<J> {
             .get(&run.site)
             .and_then(|site| {
                 site.pool(&run.pool).map(|pool| {
-                    let rates = site.rates(pool, site.info.carbon.g_per_kwh);
+                    let rates = site.rates(pool, job.spec.spot, site.info.carbon.g_per_kwh);
                     metering::amounts(&rates, run.milli, runtime)
                 })
             })

@@ -88,11 +88,7 @@ impl<J: Journal> Reactor<J> {
     pub(super) fn on_advert(&mut self, now: Millis, a: SiteAdvert) {
         let id = a.site.id.clone();
         let api_draining = self.state.sites.get(&id).is_some_and(|s| s.api_draining);
-        let unchanged = self
-            .state
-            .sites
-            .get(&id)
-            .is_some_and(|s| s.up && s.generation == a.generation && s.info == a.site);
+        let unchanged = self.state.sites.get(&id).is_some_and(|s| s.repeats(&a));
         if unchanged {
             if let Some(s) = self.state.sites.get_mut(&id) {
                 s.last_seen_ms = now;

@@ -26,6 +26,8 @@ pub const JOURNALED_DECISIONS: u32 = 2;
 pub const SECURITY_FORMAT: u32 = 3;
 /// The first durable format with deployed services.
 pub const SERVICES_FORMAT: u32 = 5;
+/// The first durable format with spot capacity: jobs that run on it, pools' spot prices in snapshots.
+pub const SPOT_FORMAT: u32 = 6;
 
 use crate::durable::{Batch, FORMAT_VERSION};
 use crate::journal::{Journal, Record};
@@ -250,7 +252,7 @@ impl<J: Journal> Reactor<J> {
                 .state
                 .sites
                 .get(&a.site.id)
-                .is_some_and(|s| s.up && s.generation == a.generation && s.info == a.site),
+                .is_some_and(|s| s.repeats(a)),
             Event::Tick => self.tick_due(now),
             Event::SiteLost { site } => self.state.sites.get(site).is_some_and(|s| s.up),
             Event::UpgradeFormat { to } => *to > self.state.format(),

@@ -136,3 +136,43 @@ fn a_snapshot_keeps_whether_waiting_jobs_are_due_a_retry() {
         "a tick with nothing due is not journaled after a restore either"
     );
 }
+
+/// Snapshots before spot hold no spot prices. A broker restored from one takes them from each site's next
+/// advert, though it repeats the generation the snapshot knew; once known, a repeat is not journaled again.
+#[test]
+fn a_site_restored_without_its_spot_prices_takes_them_from_its_next_advert() {
+    let advert = site("spot-seller", Tier::Cloud, 40.0, -76.0)
+        .gpus("A100", 4, 3.0)
+        .spot(0.5)
+        .build();
+    let env = TestEnv::new(vec![advert.clone()]);
+    let live = env.reactor.state().snapshot(0, env.now);
+    let mut json: serde_json::Value = serde_json::to_value(&live).unwrap();
+    json["format"] = serde_json::json!(crate::reactor::SPOT_FORMAT - 1);
+    let pool = &mut json["sites"][0]["pools"][0];
+    assert_eq!(pool["spot_price_micro_usd_per_hour"], 500_000);
+    pool.as_object_mut()
+        .unwrap()
+        .remove("spot_price_micro_usd_per_hour");
+    let old = crate::durable::decode_snapshot(&serde_json::to_vec(&json).unwrap()).unwrap();
+    let mut restored = Reactor::new(
+        CoreConfig::default(),
+        RttTable::default(),
+        regions(),
+        MemoryJournal::default(),
+    );
+    restored.restore(old);
+    let spot = |r: &Reactor<MemoryJournal>| {
+        r.state().sites()[&SiteId::new("spot-seller").unwrap()].pools[0]
+            .spot_price_micro_usd_per_hour
+    };
+    assert_eq!(spot(&restored), None);
+    restored
+        .step(env.now + 1, Event::Advert(advert.clone()))
+        .unwrap();
+    assert_eq!(spot(&restored), Some(500_000));
+    let journaled = restored.journal().records.len();
+    assert_eq!(journaled, 1, "the advert that brought the prices is kept");
+    restored.step(env.now + 2, Event::Advert(advert)).unwrap();
+    assert_eq!(restored.journal().records.len(), journaled);
+}

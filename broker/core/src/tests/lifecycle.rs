@@ -33,6 +33,63 @@ fn submit_offer_accept_run_succeed() {
     );
 }
 
+#[test]
+fn a_spot_job_runs_only_where_spot_is_sold_and_is_metered_at_the_spot_price() {
+    let mut env = TestEnv::new(vec![
+        site("cheap-on-demand", Tier::Cloud, 40.0, -75.0)
+            .gpus("A100", 4, 1.0)
+            .build(),
+        site("spot-seller", Tier::Cloud, 40.0, -76.0)
+            .gpus("A100", 4, 3.0)
+            .spot(0.5)
+            .build(),
+    ]);
+    // A journal in a format before spot refuses a spot job, naming the way out.
+    env.reactor.replay_batches(&[crate::durable::Batch {
+        format: crate::reactor::SPOT_FORMAT - 1,
+        leader: "old".into(),
+        n: 1,
+        records: vec![],
+        quarantine: vec![],
+    }]);
+    let mut spec = job("spot-1", 1);
+    spec.spot = true;
+    let e = env
+        .reactor
+        .step(env.now, Event::Submit(spec.clone()))
+        .unwrap_err();
+    assert!(e.to_string().contains("upgrade-format"), "{e}");
+    env.step(Event::UpgradeFormat {
+        to: crate::reactor::SPOT_FORMAT,
+    });
+    let id = env.submit(spec);
+    let offers = env.take_offers();
+    assert_eq!(offers.len(), 1);
+    assert_eq!(offers[0].site.as_str(), "spot-seller");
+    assert!(
+        offers[0].spec.spot,
+        "the agent is told the attempt is on spot"
+    );
+    env.answer(&offers[0], OfferOutcome::Accepted);
+    env.status(&offers[0], AttemptState::Running, 0);
+    env.status(
+        &offers[0],
+        AttemptState::Succeeded { exit_code: 0 },
+        3_600_000,
+    );
+    // One device for an hour at 0.50 USD, not the pool's 3.00 on-demand.
+    assert_eq!(job_metered(&env, &id).cost_micro_usd, 500_000);
+    // With no pool selling spot, a spot job waits and says why.
+    let mut env = TestEnv::new(vec![site("only-on-demand", Tier::Cloud, 40.0, -75.0)
+        .gpus("A100", 4, 1.0)
+        .build()]);
+    let mut spec = job("spot-2", 1);
+    spec.spot = true;
+    let id = env.submit(spec);
+    assert!(env.take_offers().is_empty());
+    assert_eq!(env.phase(&id), JobPhase::Pending);
+}
+
 pub(super) fn job_metered(env: &TestEnv, id: &JobId) -> Amounts {
     env.reactor.state().jobs[id].metered
 }
