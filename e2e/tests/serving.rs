@@ -264,6 +264,7 @@ fn a_spot_replica_taken_back_is_replaced_on_spot_elsewhere_then_on_demand() {
     let f = Fed::generated(&[a, b], "");
     let gateway = f.create_token(Some("acme"), &["submit:default"]);
     let viewer = f.create_token(Some("acme"), &["viewer"]);
+    let mallory = f.create_token(Some("mallory"), &["submit:default", "viewer"]);
     let (gw, view) = (f.with_token(Some(&gateway)), f.with_token(Some(&viewer)));
     let mut spec = service();
     spec["spot"] = json!(true);
@@ -276,6 +277,17 @@ fn a_spot_replica_taken_back_is_replaced_on_spot_elsewhere_then_on_demand() {
         running_pools(&view) == ["cloud-a spot"]
     });
     assert_eq!(new_york_routes(&view), ["cloud-a spot"]);
+    // A third-party gateway (nats-py) watches the routing table over NATS from here on.
+    let python = local::workspace_root().join(".venv/bin/python");
+    let mut cmd = f.python(&python, "route_watcher.py");
+    cmd.env("MERIDIAN_TOKEN", &gateway)
+        .env("MERIDIAN_OTHER_TOKEN", &mallory)
+        .args(["chat", "acme", "120"]);
+    let watcher = Watcher::spawn(cmd);
+    f.wait_until("the watcher's first table", LONG, || {
+        gw.post("/v1/services/chat/demand", &demand(5.0, 0.0));
+        watcher.lines().iter().any(|l| l.get("watch").is_some())
+    });
 
     // The provider takes cloud-a's spot capacity back (the agent's own notice): the routing table drops the
     // replica as soon as the broker hears of it, and a spot replica at cloud-b replaces it.
@@ -317,6 +329,43 @@ fn a_spot_replica_taken_back_is_replaced_on_spot_elsewhere_then_on_demand() {
                 .contains("taken back by the provider")),
         "{v}"
     );
+    // The watcher heard each change as it happened: cloud-a's spot replica first, then a table without it
+    // (dropped before its replacement ran), then cloud-b's spot, then cloud-b on-demand; another tenant's watch
+    // and a lease out of range were refused.
+    f.wait_until("the watcher heard the on-demand replica", LONG, || {
+        watcher.tables().last().map(Vec::as_slice) == Some(&["cloud-b".to_owned()][..])
+    });
+    let lines = watcher.lines();
+    let bad = lines.iter().find_map(|l| l.get("bad_lease")).unwrap();
+    assert_eq!(bad["error"]["field"], "lease_s", "{bad}");
+    let other = lines.iter().find_map(|l| l.get("other_tenant")).unwrap();
+    assert!(
+        other["ok"].is_null() && other["error"].is_object(),
+        "{other}"
+    );
+    let seqs: Vec<u64> = lines
+        .iter()
+        .filter_map(|l| l["watch"]["ok"]["seq"].as_u64())
+        .collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+    let tables = watcher.tables();
+    let at = |want: &[&str]| {
+        tables
+            .iter()
+            .position(|t| t.iter().map(String::as_str).eq(want.iter().copied()))
+            .unwrap_or_else(|| panic!("no table {want:?} in {tables:?}"))
+    };
+    let (first, dropped, spot_b, on_demand) = (
+        at(&["cloud-a spot"]),
+        at(&[]),
+        at(&["cloud-b spot"]),
+        at(&["cloud-b"]),
+    );
+    assert!(
+        first < dropped && dropped < spot_b && spot_b < on_demand,
+        "{tables:?}"
+    );
+
     // The interrupted replicas were cancelled, not left waiting for a site that has no spot capacity.
     let jobs = f.jobs();
     assert_eq!(
@@ -324,4 +373,70 @@ fn a_spot_replica_taken_back_is_replaced_on_spot_elsewhere_then_on_demand() {
         0,
         "{jobs:?}"
     );
+}
+
+/// The route watcher (`e2e/py/route_watcher.py`), stopped when dropped; a thread collects its output lines as
+/// they come.
+struct Watcher {
+    child: std::process::Child,
+    lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Watcher {
+    fn spawn(mut cmd: std::process::Command) -> Self {
+        let mut child = cmd
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let out = child.stdout.take().unwrap();
+        let into = lines.clone();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                into.lock().unwrap().push(line);
+            }
+        });
+        Watcher { child, lines }
+    }
+
+    /// The JSON lines it has printed so far.
+    fn lines(&self) -> Vec<Value> {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    /// New York's routes in each table it was sent, in order.
+    fn tables(&self) -> Vec<Vec<String>> {
+        self.lines()
+            .iter()
+            .filter_map(|l| l["watch"]["ok"]["routes"]["locations"].as_array().cloned())
+            .map(|locations| {
+                locations
+                    .iter()
+                    .filter(|l| l["location"] == "new-york")
+                    .flat_map(|l| l["routes"].as_array().cloned().unwrap_or_default())
+                    .map(|r| {
+                        format!(
+                            "{}{}",
+                            r["site"].as_str().unwrap(),
+                            if r["spot"] == true { " spot" } else { "" }
+                        )
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

@@ -1068,6 +1068,33 @@ pub struct RouteView {
     pub weight: f64,
 }
 
+/// A gateway's watch of a service's routing table, over NATS (its reply subject is where the changes go).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoutesWatchRequest {
+    #[serde(default = "v1")]
+    pub v: u32,
+    #[serde(default)]
+    pub tenant: Option<TenantId>,
+    pub name: ServiceName,
+    /// How long changes are sent, seconds (1..=600); the gateway sends the request again to renew.
+    #[serde(default = "routes_lease_s")]
+    pub lease_s: u64,
+}
+
+fn routes_lease_s() -> u64 {
+    60
+}
+
+/// One message of a routes watch: the table now (`seq` 1 is the reply to the watch request, then one per change,
+/// numbered in order), and when the watch ends unless renewed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RoutesUpdate {
+    pub seq: u64,
+    pub until_ms: u64,
+    pub routes: RoutesView,
+}
+
 /// The routing table of a service: per user location, the pools with running replicas within the SLO.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RoutesView {

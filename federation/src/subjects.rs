@@ -135,6 +135,9 @@ pub mod api {
     pub const SERVICE_DEMAND: &str = "meridian.v1.api.services.demand";
     /// The routing table of a service (`ServiceRef` → `RoutesView`).
     pub const SERVICE_ROUTES: &str = "meridian.v1.api.services.routes";
+    /// A watch of a service's routing table (`RoutesWatchRequest` → `RoutesUpdate`): the reply is the table now,
+    /// and every change of it goes to the same reply subject until the lease ends; sending it again renews.
+    pub const SERVICE_ROUTES_WATCH: &str = "meridian.v1.api.services.routes.watch";
     /// The metering ledger (`ReportRequest` → `ReportView`).
     pub const REPORT: &str = "meridian.v1.api.report";
     /// Jobs submitted in a window with their attempts, for capacity what-ifs (`HistoryRequest` →

@@ -599,6 +599,15 @@ impl Validate for ServiceRef {
     }
 }
 
+impl Validate for RoutesWatchRequest {
+    versioned!(RoutesWatchRequest);
+
+    fn validate(&self) -> R {
+        token("name", &self.name)?;
+        range_u64("lease_s", self.lease_s, 1, 600)
+    }
+}
+
 impl Validate for DemandReport {
     versioned!(DemandReport);
 

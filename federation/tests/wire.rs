@@ -561,3 +561,19 @@ fn a_service_spec_round_trips_and_each_bad_field_is_named() {
     let e = decode_strict::<ServiceSpec>(&bytes(&v)).expect_err("unknown field");
     assert!(e.to_string().contains("replicas_max"), "{e}");
 }
+
+#[test]
+fn a_routes_watch_request_takes_a_lease_within_its_range_and_names_what_is_wrong() {
+    let w: RoutesWatchRequest = decode_strict(&bytes(&json!({"name": "chat"}))).unwrap();
+    assert_eq!((w.lease_s, w.tenant.as_ref()), (60, None));
+    round_trip(&w);
+    for (body, field) in [
+        (json!({"name": "chat", "lease_s": 0}), "lease_s"),
+        (json!({"name": "chat", "lease_s": 601}), "lease_s"),
+        (json!({"name": "has space"}), "name"),
+        (json!({"name": "chat", "lease": 5}), "lease"),
+    ] {
+        let e = decode_strict::<RoutesWatchRequest>(&bytes(&body)).expect_err(field);
+        assert!(e.to_string().contains(field), "{body}: {e}");
+    }
+}

@@ -36,6 +36,8 @@ pub enum Call {
     ServiceDelete(Bytes),
     /// A service's routing table (`ServiceRef` with a name).
     ServiceRoutes(Bytes),
+    /// A watch of a service's routing table (`RoutesWatchRequest`), its changes sent to this subject (NATS only).
+    ServiceRoutesWatch(Bytes, String),
     /// A gateway's demand report (`DemandReport`).
     ServiceDemand(Bytes),
     Report(Bytes),
@@ -79,6 +81,7 @@ impl Call {
             Call::Services(_) => "services",
             Call::ServiceDelete(_) => "service_delete",
             Call::ServiceRoutes(_) => "service_routes",
+            Call::ServiceRoutesWatch(..) => "service_routes_watch",
             Call::ServiceDemand(_) => "service_demand",
             Call::Report(_) => "report",
             Call::History(_) => "history",
@@ -107,6 +110,7 @@ impl Call {
             | Call::ListSites
             | Call::Services(_)
             | Call::ServiceRoutes(_)
+            | Call::ServiceRoutesWatch(..)
             | Call::Report(_)
             | Call::History(_)
             | Call::Tenancy(None)
@@ -636,6 +640,32 @@ async fn call_as(h: &BrokerHandle, who: &Principal, c: Call) -> Reply {
             };
             stopping(h.step_as(who, event).await)
         }
+        Call::ServiceRoutesWatch(body, deliver) => {
+            let mut r = match decode_strict::<meridian_federation::RoutesWatchRequest>(&body) {
+                Ok(r) => r,
+                Err(e) => return wire(e),
+            };
+            if let Err(reply) = scope_to_own_tenant(who, &mut r.tenant, "services") {
+                return reply;
+            }
+            let Some(tenant) = r.tenant else {
+                return error(ErrorBody::new(
+                    ErrorCode::Invalid,
+                    Some("tenant".into()),
+                    "name the service's tenant",
+                ));
+            };
+            let watch = ask(h, |reply| super::services::ServiceCall::Watch {
+                tenant,
+                name: r.name,
+                who: who.clone(),
+                deliver,
+                lease_ms: r.lease_s * 1000,
+                reply,
+            })
+            .await;
+            watch.map_or_else(step_error, |v| ok(200, v))
+        }
         Call::ServiceDemand(body) => {
             let report = match decode_strict::<meridian_federation::DemandReport>(&body) {
                 Ok(r) => r,
@@ -1104,7 +1134,7 @@ pub async fn serve_nats(h: BrokerHandle, mut sub: async_nats::Subscriber) {
                 .as_ref()
                 .and_then(|hs| hs.get(crate::client::AUTHORIZATION))
                 .map(|v| v.as_str().to_owned());
-            let (_, body) = match nats_call(m.subject.as_str(), m.payload) {
+            let (_, body) = match nats_call(m.subject.as_str(), m.payload, reply_to.as_str()) {
                 Ok((c, body_token)) => {
                     let bearer = header
                         .as_deref()
@@ -1121,7 +1151,11 @@ pub async fn serve_nats(h: BrokerHandle, mut sub: async_nats::Subscriber) {
 
 /// The call a NATS request makes, and a token its body carried (clients of the previous release sent the
 /// administrator's token in the body of the tenancy and format calls; the `Authorization` header is the way).
-fn nats_call(subject: &str, payload: Bytes) -> Result<(Call, Option<String>), Reply> {
+fn nats_call(
+    subject: &str,
+    payload: Bytes,
+    reply_to: &str,
+) -> Result<(Call, Option<String>), Reply> {
     use subjects::api;
     let job = |p: &Bytes| {
         decode_strict::<JobRef>(p)
@@ -1175,6 +1209,7 @@ fn nats_call(subject: &str, payload: Bytes) -> Result<(Call, Option<String>), Re
         api::SERVICE_LIST | api::SERVICE_SHOW => Call::Services(payload),
         api::SERVICE_DELETE => Call::ServiceDelete(payload),
         api::SERVICE_ROUTES => Call::ServiceRoutes(payload),
+        api::SERVICE_ROUTES_WATCH => Call::ServiceRoutesWatch(payload, reply_to.to_owned()),
         api::SERVICE_DEMAND => Call::ServiceDemand(payload),
         api::DRAIN => {
             let d = decode_strict::<DrainRequest>(&payload).map_err(wire)?;

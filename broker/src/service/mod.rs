@@ -960,6 +960,16 @@ async fn reactor_loop(
         for command in reactor.take_outbox() {
             send(&handle, command, offer_timeout);
         }
+        // Watchers of routing tables hear of changes after the batch that made them.
+        let updates = autoscaling.route_changes(&reactor, now_ms());
+        if !updates.is_empty() {
+            let client = handle.client.clone();
+            tokio::spawn(async move {
+                for (subject, body) in updates {
+                    let _ = client.publish(subject, Bytes::from(body)).await;
+                }
+            });
+        }
     }
 }
 

@@ -17,8 +17,9 @@ use meridian_core::reactor::StepError;
 use meridian_core::reactor::{Event, Reactor};
 use meridian_core::Millis;
 use meridian_federation::{
-    DemandReport, JobPhase, LocationRate, LocationRoutesView, Policy, RouteView, RoutesView,
-    ServiceChangeView, ServiceName, ServiceReplicaView, ServiceSpec, ServiceView, SiteId, TenantId,
+    ApiReply, DemandReport, ErrorBody, ErrorCode, JobPhase, LocationRate, LocationRoutesView,
+    Policy, RouteView, RoutesUpdate, RoutesView, ServiceChangeView, ServiceName,
+    ServiceReplicaView, ServiceSpec, ServiceView, SiteId, TenantId,
 };
 use std::collections::{BTreeMap, VecDeque};
 use tokio::sync::oneshot;
@@ -32,6 +33,10 @@ const KEEP_CHANGES: usize = 50;
 /// How long a pool that took back a spot replica of a service gets no new spot replica of it: its
 /// replacement goes to another pool's spot capacity, or on-demand.
 pub const SPOT_HOLD_MS: u64 = 600_000;
+/// A watched routing table is compared with what its watchers last got at most this often.
+pub const ROUTES_EVERY_MS: u64 = 250;
+/// Watches of one service's routing table at once.
+pub const MAX_WATCHES: usize = 256;
 
 type Key = (TenantId, ServiceName);
 
@@ -44,12 +49,32 @@ struct Run {
     last_ms: Millis,
     /// Offers not used until then: where a replica was lost.
     held: BTreeMap<ReplicaKey, Millis>,
+    /// Gateways watching the routing table.
+    watches: Vec<Watch>,
+    routes_ms: Millis,
+}
+
+/// A gateway's watch of a routing table: where its changes go, until when, and what it last got.
+struct Watch {
+    deliver: String,
+    until: Millis,
+    seq: u64,
+    last: RoutesView,
+}
+
+/// A message for a watcher: the subject and the encoded `ApiReply`.
+pub type Publish = (String, Vec<u8>);
+
+fn encoded<T: serde::Serialize>(reply: &ApiReply<T>) -> Vec<u8> {
+    serde_json::to_vec(reply).unwrap_or_default()
 }
 
 /// The autoscaler's soft state of every service.
 #[derive(Default)]
 pub struct Autoscaling {
     runs: BTreeMap<Key, Run>,
+    /// Messages for watchers of services that were deleted.
+    farewells: Vec<Publish>,
 }
 
 /// The scaling settings of a spec.
@@ -287,7 +312,26 @@ impl Autoscaling {
     /// deleted lose their soft state.
     pub fn events<J: Journal>(&mut self, reactor: &Reactor<J>, now: Millis) -> Vec<Event> {
         let services = reactor.state().services();
-        self.runs.retain(|k, _| services.contains_key(k));
+        let gone: Vec<Key> = self
+            .runs
+            .keys()
+            .filter(|k| !services.contains_key(*k))
+            .cloned()
+            .collect();
+        for key in gone {
+            let Some(run) = self.runs.remove(&key) else {
+                continue;
+            };
+            // Its watchers hear that it is gone, once.
+            for w in run.watches.iter().filter(|w| w.until > now) {
+                let end = ApiReply::<()>::err(ErrorBody::new(
+                    ErrorCode::NotFound,
+                    None,
+                    format!("service {} was deleted", key.1),
+                ));
+                self.farewells.push((w.deliver.clone(), encoded(&end)));
+            }
+        }
         let mut out = Vec::new();
         for (key, spec) in services {
             let run = self.runs.entry(key.clone()).or_default();
@@ -314,6 +358,41 @@ impl Autoscaling {
                     to: c.to,
                     why: why(c),
                 });
+            }
+        }
+        out
+    }
+
+    /// What watchers of routing tables are to be sent now: each watched table that changed since its
+    /// watchers last got it (compared at most every [`ROUTES_EVERY_MS`]), and the end of watches of deleted
+    /// services. Expired watches are dropped.
+    pub fn route_changes<J: Journal>(&mut self, reactor: &Reactor<J>, now: Millis) -> Vec<Publish> {
+        let mut out = std::mem::take(&mut self.farewells);
+        let mut due = Vec::new();
+        for (key, run) in &mut self.runs {
+            run.watches.retain(|w| w.until > now);
+            if !run.watches.is_empty() && now >= run.routes_ms + ROUTES_EVERY_MS {
+                run.routes_ms = now;
+                due.push(key.clone());
+            }
+        }
+        for key in due {
+            let Some(spec) = reactor.state().services().get(&key) else {
+                continue;
+            };
+            let table = self.routes(reactor, spec, now);
+            let Some(run) = self.runs.get_mut(&key) else {
+                continue;
+            };
+            for w in run.watches.iter_mut().filter(|w| w.last != table) {
+                w.seq += 1;
+                w.last = table.clone();
+                let update = ApiReply::ok(RoutesUpdate {
+                    seq: w.seq,
+                    until_ms: w.until,
+                    routes: table.clone(),
+                });
+                out.push((w.deliver.clone(), encoded(&update)));
             }
         }
         out
@@ -508,6 +587,31 @@ pub enum ServiceCall {
         who: Principal,
         reply: oneshot::Sender<Result<RoutesView, StepError>>,
     },
+    /// A gateway watches the routing table: changes go to `deliver` until the lease ends.
+    Watch {
+        tenant: TenantId,
+        name: ServiceName,
+        who: Principal,
+        deliver: String,
+        lease_ms: u64,
+        reply: oneshot::Sender<Result<RoutesUpdate, StepError>>,
+    },
+}
+
+/// The service, if the caller may route by it: a gateway (it may submit to the service's queue) routes by it,
+/// as a reader may read it.
+fn may_route<'a, J: Journal>(
+    reactor: &'a Reactor<J>,
+    who: &Principal,
+    tenant: &TenantId,
+    name: &ServiceName,
+) -> Result<&'a ServiceSpec, StepError> {
+    let spec = find(reactor, who, tenant, name)?;
+    let queue = spec.queue.as_ref().map_or("default", |q| q.as_str());
+    who.may_for_tenant(Verb::Watch, tenant)
+        .or_else(|_| who.may_submit(tenant, queue))
+        .map_err(refused)?;
+    Ok(spec)
 }
 
 fn refused(d: Denied) -> StepError {
@@ -595,13 +699,53 @@ impl Autoscaling {
                 who,
                 reply,
             } => {
-                // A gateway (it may submit to the service's queue) routes by it, as a reader may read it.
-                let r = find(reactor, &who, &tenant, &name).and_then(|spec| {
-                    let queue = spec.queue.as_ref().map_or("default", |q| q.as_str());
-                    who.may_for_tenant(Verb::Watch, &tenant)
-                        .or_else(|_| who.may_submit(&tenant, queue))
-                        .map_err(refused)?;
-                    Ok(self.routes(reactor, spec, now))
+                let r = may_route(reactor, &who, &tenant, &name)
+                    .map(|spec| self.routes(reactor, spec, now));
+                let _ = reply.send(r);
+            }
+            ServiceCall::Watch {
+                tenant,
+                name,
+                who,
+                deliver,
+                lease_ms,
+                reply,
+            } => {
+                let r = may_route(reactor, &who, &tenant, &name).and_then(|spec| {
+                    let routes = self.routes(reactor, spec, now);
+                    let run = self.runs.entry((tenant, name)).or_default();
+                    run.watches.retain(|w| w.until > now);
+                    let until = now + lease_ms;
+                    // Sent again from the same inbox: a renewal, numbered on.
+                    let watched = run.watches.len();
+                    let seq = match run.watches.iter_mut().find(|w| w.deliver == deliver) {
+                        Some(w) => {
+                            w.seq += 1;
+                            w.until = until;
+                            w.last = routes.clone();
+                            w.seq
+                        }
+                        None if watched >= MAX_WATCHES => {
+                            return Err(StepError::Refused(format!(
+                                "service {} has {MAX_WATCHES} watches of its routing table, the most it takes",
+                                spec.name
+                            )));
+                        }
+                        None => {
+                            run.watches.push(Watch {
+                                deliver,
+                                until,
+                                seq: 1,
+                                last: routes.clone(),
+                            });
+                            1
+                        }
+                    };
+                    Ok(RoutesUpdate {
+                        seq,
+                        until_ms: until,
+                        routes,
+                    })
                 });
                 let _ = reply.send(r);
             }
