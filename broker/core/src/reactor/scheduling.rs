@@ -488,8 +488,8 @@ pub(super) struct Tried {
     pub blocked: Option<bool>,
 }
 
-/// What tells waiting jobs apart for placement and quota: their resources, replicas, constraints, required
-/// datasets, start window and (with a deadline) expected duration, encoded.
+/// What tells waiting jobs apart for placement and quota: their resources, replicas, constraints, whether they
+/// run on spot capacity, required datasets, start window and (with a deadline) expected duration, encoded.
 fn shape(spec: &JobSpec) -> Vec<u8> {
     #[derive(serde::Serialize)]
     struct Shape<'a> {
@@ -497,6 +497,7 @@ fn shape(spec: &JobSpec) -> Vec<u8> {
         resources: &'a meridian_federation::Resources,
         replicas: u32,
         constraints: &'a meridian_federation::Constraints,
+        spot: bool,
         must: Vec<&'a str>,
         window: &'a meridian_federation::Window,
         duration_s: Option<u64>,
@@ -512,6 +513,7 @@ fn shape(spec: &JobSpec) -> Vec<u8> {
         resources: &spec.resources,
         replicas: spec.replicas,
         constraints: &spec.constraints,
+        spot: spec.spot,
         must,
         window: &spec.window,
         duration_s: spec.window.deadline_ms.and(spec.duration_s),

@@ -309,6 +309,29 @@ impl Run {
                 remove: *remove,
             }),
             Action::Resume => self.step(Event::Resume),
+            Action::Service { deploy, spot } => {
+                let event = if *deploy {
+                    let mut spec: meridian_federation::ServiceSpec =
+                        serde_json::from_value(serde_json::json!({
+                            "name": "chat",
+                            "tenant": "team-a",
+                            "resources": {"kind": "gpu", "count": 1},
+                            "throughput": {"requests_per_s": 2.0},
+                            "slo_ms": 50,
+                            "max_replicas": 4,
+                            "run": {"command": "serve"}
+                        }))
+                        .unwrap();
+                    spec.spot = *spot;
+                    Event::ServiceDeployed(spec)
+                } else {
+                    Event::ServiceDeleted {
+                        tenant: TenantId::new("team-a").unwrap(),
+                        service: "chat".into(),
+                    }
+                };
+                self.step(event);
+            }
             Action::Archive { retention_s } => {
                 let jobs: Vec<JobId> = self
                     .live
@@ -365,6 +388,7 @@ impl Run {
             spec.kind = JobKind::Inference;
             spec.service = Some("chat".into());
         }
+        spec.spot = s.spot;
         spec.priority = s.priority.map(|p| ["high", "low"][p].to_owned());
         spec.window.deadline_ms = s.deadline_h.map(|h| self.now + h * 3_600_000);
         self.keys.insert(key, spec.clone());
@@ -430,6 +454,7 @@ fn a_group_passed_over_is_looked_at_again_only_past_the_job_that_freed_capacity(
             max_wait_s: 0,
             checkpointable: false,
             service: false,
+            spot: false,
             priority: None,
             deadline_h: None,
             key,
@@ -475,6 +500,39 @@ fn a_group_passed_over_is_looked_at_again_only_past_the_job_that_freed_capacity(
         Action::Advance { ms: 1169 },
         Action::Advance { ms: 2796 },
         Action::Advance { ms: 1036 },
+    ];
+    play(&actions, 0);
+}
+
+/// Found by the random sequences: a spot job and an on-demand job of the same shape were one group, so the spot
+/// one, blocked (no owned pool sells spot), held back the other from an owned site with room.
+#[test]
+fn a_spot_job_that_cannot_start_holds_back_no_on_demand_job_of_its_shape() {
+    let s = |spot, key| {
+        Action::Submit(Submission {
+            tenant: 0,
+            gpus: 1,
+            milli: None,
+            replicas: 2,
+            policy: 0,
+            max_wait_s: 0,
+            checkpointable: false,
+            service: false,
+            spot,
+            priority: None,
+            deadline_h: None,
+            key,
+        })
+    };
+    let actions = vec![
+        s(true, 4),
+        s(false, 0),
+        Action::Advance { ms: 10_001 },
+        Action::Advert {
+            site: 0,
+            used: 0,
+            drain: false,
+        },
     ];
     play(&actions, 0);
 }

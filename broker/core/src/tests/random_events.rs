@@ -58,6 +58,11 @@ pub(super) enum Action {
     AgentRestart {
         site: usize,
     },
+    /// team-a deploys (or replaces) its service `chat`, or deletes it (its replicas stop).
+    Service {
+        deploy: bool,
+        spot: bool,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -70,6 +75,8 @@ pub(super) struct Submission {
     pub(super) max_wait_s: u64,
     pub(super) checkpointable: bool,
     pub(super) service: bool,
+    /// On spot capacity (only the cloud sells it).
+    pub(super) spot: bool,
     pub(super) priority: Option<usize>,
     pub(super) deadline_h: Option<u64>,
     /// Reuse an earlier key (same spec, or a different one: a conflict).
@@ -134,6 +141,7 @@ pub(super) fn sites() -> Vec<SiteAdvert> {
             .build(),
         site("cloud", Tier::Cloud, 37.4, -79.8)
             .gpus("A100", 8, 3.7)
+            .spot(1.2)
             .carbon(420)
             .build(),
     ]
@@ -157,13 +165,14 @@ fn submission() -> impl Strategy<Value = Submission> {
             prop::option::weighted(0.3, 0..2usize),
             prop::option::weighted(0.15, 1..=30u64),
             0..24u8,
+            prop::bool::weighted(0.15),
         ),
     )
         .prop_map(
             |(
                 (tenant, gpus, milli, replicas),
                 (policy, max_wait_s, checkpointable),
-                (service, priority, deadline_h, key),
+                (service, priority, deadline_h, key, spot),
             )| Submission {
                 tenant,
                 gpus,
@@ -173,6 +182,7 @@ fn submission() -> impl Strategy<Value = Submission> {
                 max_wait_s,
                 checkpointable,
                 service,
+                spot,
                 priority,
                 deadline_h,
                 key,
@@ -200,5 +210,7 @@ pub(super) fn action() -> impl Strategy<Value = Action> {
         1 => Just(Action::Resume),
         1 => (0..30u32).prop_map(|retention_s| Action::Archive { retention_s }),
         1 => (0..4usize).prop_map(|site| Action::AgentRestart { site }),
+        1 => (prop::bool::weighted(0.7), any::<bool>())
+            .prop_map(|(deploy, spot)| Action::Service { deploy, spot }),
     ]
 }
