@@ -1,7 +1,7 @@
 //! Writes a journal fixture of the newest durable format from a real run (`broker/core/tests/fixtures/`):
 //! jobs that succeed, fail, are cancelled and keep running, an API token created and revoked, a site revoked
 //! and let back in, unpinned jobs under the balanced, carbon-price and cost-premium policies, services deployed
-//! (one with its replica running, one deleted, one on spot capacity), a kill -9 of the broker and its restart. Run by hand when a format is added (fixtures are
+//! (one with its replica running, one deleted, one on spot capacity), a gateway token, a kill -9 of the broker and its restart. Run by hand when a format is added (fixtures are
 //! never regenerated):
 //!   MERIDIAN_FIXTURE_DIR=broker/core/tests/fixtures/format-N \
 //!     cargo test -p meridian-e2e --test format_fixture -- --ignored --nocapture
@@ -91,6 +91,8 @@ fn write_a_journal_fixture_of_the_newest_format() {
     spot["spot"] = json!(true);
     let (code, body) = f.post("/v1/services", spot.to_string().as_bytes());
     assert_eq!(code, 200, "{body}");
+    // A gateway token (format 6), kept.
+    f.create_token(Some("e2e"), &["gateway:chat"]);
     f.wait_until("a replica of each service running", LONG, || {
         let jobs = f.jobs();
         ["chat-", "gone-", "spot-"].iter().all(|p| {

@@ -59,6 +59,14 @@ fn a_sites_credential_speaks_only_for_that_site() {
     let id = f.submit(&pinned("on-b", "site-b", "sleep 600"));
     let running = f.wait_phase(&id, "running", LONG);
     let attempt = running["attempt"].as_u64().unwrap();
+    // B's advert after the start (its generation moves on once) is in before B is looked at.
+    f.wait_until("site-b's advert of the job's start", LONG, || {
+        f.get("/v1/sites").1["ok"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["site"] == "site-b" && s["generation"].as_u64() > Some(1))
+    });
     let sites_before = f.get("/v1/sites").1;
     let b_before: Vec<_> = sites_before["ok"]
         .as_array()

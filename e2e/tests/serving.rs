@@ -58,7 +58,9 @@ fn replicas_follow_demand_to_each_city_and_leave_when_it_ends() {
     (eu.lat, eu.lon) = (50.0, 8.5);
     let f = Fed::generated(&[us, eu], "");
     let admin = f.with_token(f.token.as_deref());
-    let gateway = f.create_token(Some("acme"), &["submit:default"]);
+    let owner = f.create_token(Some("acme"), &["submit:default"]);
+    // The gateway holds the gateway role for chat and nothing else.
+    let gateway = f.create_token(Some("acme"), &["gateway:chat"]);
     let viewer = f.create_token(Some("acme"), &["viewer"]);
     let mallory = f.create_token(Some("mallory"), &["submit:default", "cancel"]);
     let (gw, view, other) = (
@@ -66,6 +68,7 @@ fn replicas_follow_demand_to_each_city_and_leave_when_it_ends() {
         f.with_token(Some(&viewer)),
         f.with_token(Some(&mallory)),
     );
+    let own = f.with_token(Some(&owner));
 
     // Another tenant's token cannot deploy for acme; a bad file is refused with the field named.
     let body = service().to_string();
@@ -73,12 +76,19 @@ fn replicas_follow_demand_to_each_city_and_leave_when_it_ends() {
     assert_eq!(status, 403, "{v}");
     let mut bad = service();
     bad["slo_ms"] = json!(0);
-    let (status, v) = gw.post("/v1/services", bad.to_string().as_bytes());
+    let (status, v) = own.post("/v1/services", bad.to_string().as_bytes());
     assert_eq!(status, 400, "{v}");
     assert_eq!(v["error"]["field"], "slo_ms", "{v}");
     let (status, v) = gw.post("/v1/services", body.as_bytes());
+    assert_eq!(status, 403, "a gateway deploys nothing: {v}");
+    let (status, v) = own.post("/v1/services", body.as_bytes());
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["ok"]["spec"]["name"], "chat");
+    // Nor does it submit jobs or read them.
+    let (status, v) = gw.post("/v1/jobs", job("gw-job", 1, "true").to_string().as_bytes());
+    assert_eq!(status, 403, "{v}");
+    let (status, v) = gw.get("/v1/jobs");
+    assert_eq!(status, 403, "{v}");
 
     // Demand from two cities an ocean apart, 15 req/s in New York and 5 in Frankfurt, first from a third-party
     // gateway over NATS (nats-py): taken, and a malformed report refused with the field's path.
@@ -262,13 +272,16 @@ fn a_spot_replica_taken_back_is_replaced_on_spot_elsewhere_then_on_demand() {
         ..SiteSpec::new("cloud-b", "cloud", "A100", 2, 2.5)
     };
     let f = Fed::generated(&[a, b], "");
-    let gateway = f.create_token(Some("acme"), &["submit:default"]);
+    let owner = f.create_token(Some("acme"), &["submit:default"]);
+    let gateway = f.create_token(Some("acme"), &["gateway:chat"]);
     let viewer = f.create_token(Some("acme"), &["viewer"]);
-    let mallory = f.create_token(Some("mallory"), &["submit:default", "viewer"]);
+    let mallory = f.create_token(Some("mallory"), &["gateway"]);
     let (gw, view) = (f.with_token(Some(&gateway)), f.with_token(Some(&viewer)));
     let mut spec = service();
     spec["spot"] = json!(true);
-    let (status, v) = gw.post("/v1/services", spec.to_string().as_bytes());
+    let (status, v) = f
+        .with_token(Some(&owner))
+        .post("/v1/services", spec.to_string().as_bytes());
     assert_eq!(status, 200, "{v}");
 
     // 5 req/s from New York: one replica, on the cheapest spot capacity.

@@ -692,7 +692,7 @@ impl Validate for TokenCreateRequest {
         if self.roles.is_empty() || self.roles.len() > 32 {
             return Err(WireError::invalid(
                 "roles",
-                "name 1 to 32 roles: admin, viewer, or submit, cancel, watch, report (optionally :QUEUE,QUEUE)",
+                "name 1 to 32 roles: admin, viewer, submit, cancel, watch, report (optionally :QUEUE,QUEUE), or gateway (optionally :SERVICE,SERVICE)",
             ));
         }
         if let Some(n) = &self.name {

@@ -3,13 +3,14 @@
 //! may act; the token records themselves are broker state, changed only by journaled events.
 //!
 //! A token acts for one tenant (an administrator's for all) and grants verbs per queue, as fine as Armada's:
-//! `submit`, `cancel`, `watch` (read jobs, explanations and logs) and `report`; `viewer` is watch and report on
+//! `submit`, `cancel`, `watch` (read jobs, explanations and logs) and `report`; `gateway` is a service's
+//! gateway's (report its demand, read its routing table: nothing else); `viewer` is watch and report on
 //! every queue; `admin` is everything, for any tenant (sites, drain, tenancy, budgets, tokens, the journal and
 //! the audit). A job of another tenant is answered as if it did not exist, so a token cannot even learn which
 //! job ids other tenants have.
 
 use crate::error::CoreError;
-use meridian_federation::{QueueName, TenantId};
+use meridian_federation::{QueueName, ServiceName, TenantId};
 use serde::{Deserialize, Serialize};
 
 /// What a grant allows.
@@ -24,10 +25,19 @@ pub enum Verb {
     Watch,
     /// Read the tenant's metering report.
     Report,
+    /// Report the demand of the services named (every service of the tenant when none is) and read their
+    /// routing tables: a service's gateway.
+    Gateway,
 }
 
 impl Verb {
-    pub const ALL: [Verb; 4] = [Verb::Submit, Verb::Cancel, Verb::Watch, Verb::Report];
+    pub const ALL: [Verb; 5] = [
+        Verb::Submit,
+        Verb::Cancel,
+        Verb::Watch,
+        Verb::Report,
+        Verb::Gateway,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -35,17 +45,21 @@ impl Verb {
             Verb::Cancel => "cancel",
             Verb::Watch => "watch",
             Verb::Report => "report",
+            Verb::Gateway => "gateway",
         }
     }
 }
 
-/// One verb on some queues of the token's tenant (every queue when `queues` is empty).
+/// One verb on some queues of the token's tenant (every queue when `queues` is empty); `gateway` on some of its
+/// services (every service when `services` is empty).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Grant {
     pub verb: Verb,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub queues: Vec<QueueName>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub services: Vec<ServiceName>,
 }
 
 impl Grant {
@@ -54,7 +68,7 @@ impl Grant {
     }
 }
 
-/// A role as written on the command line: `admin`, `viewer`, or `VERB[:QUEUE,QUEUE…]`.
+/// A role as written on the command line: `admin`, `viewer`, `VERB[:QUEUE,QUEUE…]`, or `gateway[:SERVICE,…]`.
 pub fn parse_role(s: &str) -> Result<Role, CoreError> {
     match s {
         "admin" => Ok(Role::Admin),
@@ -62,10 +76,12 @@ pub fn parse_role(s: &str) -> Result<Role, CoreError> {
             Grant {
                 verb: Verb::Watch,
                 queues: Vec::new(),
+                services: Vec::new(),
             },
             Grant {
                 verb: Verb::Report,
                 queues: Vec::new(),
+                services: Vec::new(),
             },
         ])),
         _ => {
@@ -74,13 +90,34 @@ pub fn parse_role(s: &str) -> Result<Role, CoreError> {
                 .into_iter()
                 .find(|v| v.as_str() == verb)
                 .ok_or_else(|| CoreError::UnknownRole { role: s.to_owned() })?;
-            let queues: Vec<QueueName> = queues
+            let names: Vec<&str> = queues
                 .split(',')
                 .map(str::trim)
                 .filter(|q| !q.is_empty() && *q != "*")
-                .map(QueueName::from)
                 .collect();
-            Ok(Role::Grants(vec![Grant { verb, queues }]))
+            if verb == Verb::Gateway {
+                let bad = |n: &&str| {
+                    n.len() > 64
+                        || !n
+                            .bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+                };
+                if names.iter().any(bad) {
+                    return Err(CoreError::UnknownRole { role: s.to_owned() });
+                }
+                let services = names.into_iter().map(ServiceName::new).collect();
+                return Ok(Role::Grants(vec![Grant {
+                    verb,
+                    queues: Vec::new(),
+                    services,
+                }]));
+            }
+            let queues = names.into_iter().map(QueueName::from).collect();
+            Ok(Role::Grants(vec![Grant {
+                verb,
+                queues,
+                services: Vec::new(),
+            }]))
         }
     }
 }
@@ -146,7 +183,8 @@ impl TokenRecord {
         }
         if !self.admin && self.grants.is_empty() {
             return Some(
-                "a token needs a role: admin, viewer, or submit, cancel, watch, report".into(),
+                "a token needs a role: admin, viewer, or submit, cancel, watch, report, gateway"
+                    .into(),
             );
         }
         if self.expires_ms <= self.created_ms {
@@ -265,6 +303,25 @@ impl Principal {
         self.may(Verb::Submit, tenant, queue, "")
     }
 
+    /// A gateway's call on `service` of `tenant` (its demand, its routing table).
+    pub fn may_gateway(&self, tenant: &TenantId, service: &ServiceName) -> Result<(), Denied> {
+        if self.admin {
+            return Ok(());
+        }
+        if !self.sees(tenant) {
+            return Err(Denied::Hidden(format!("service {service}")));
+        }
+        if self.grants.iter().any(|g| {
+            g.verb == Verb::Gateway && (g.services.is_empty() || g.services.contains(service))
+        }) {
+            return Ok(());
+        }
+        Err(Denied::Forbidden(format!(
+            "token {} lacks the permission `gateway` on service {service} of tenant {tenant}",
+            self.id
+        )))
+    }
+
     /// A tenant-wide verb (reports): any grant of it, on any queue.
     pub fn may_for_tenant(&self, verb: Verb, tenant: &TenantId) -> Result<(), Denied> {
         if self.admin {
@@ -364,14 +421,73 @@ mod tests {
             parse_role("cancel:a,b"),
             Ok(Role::Grants(vec![Grant {
                 verb: Verb::Cancel,
-                queues: vec!["a".into(), "b".into()]
+                queues: vec!["a".into(), "b".into()],
+                services: vec![],
             }]))
         );
+        assert_eq!(
+            parse_role("gateway:chat"),
+            Ok(Role::Grants(vec![Grant {
+                verb: Verb::Gateway,
+                queues: vec![],
+                services: vec!["chat".into()],
+            }]))
+        );
+        assert!(parse_role("gateway:has space").is_err());
         assert!(parse_role("root")
             .is_err_and(|e| e.to_string().contains("submit, cancel, watch, report")));
         assert!(tenant_token("viewer")
             .must_be_admin("draining a site")
             .is_err());
+    }
+
+    /// A gateway's token reports demand and reads routes for its services only, and does nothing else: it
+    /// submits, cancels and reads no job; it acts for one tenant.
+    #[test]
+    fn a_gateway_token_serves_its_services_and_nothing_else() {
+        let Ok(Role::Grants(grants)) = parse_role("gateway:chat") else {
+            panic!("gateway");
+        };
+        let gw = Principal {
+            id: "gw".into(),
+            tenant: Some(t("a")),
+            admin: false,
+            grants: grants.clone(),
+        };
+        assert_eq!(gw.may_gateway(&t("a"), &"chat".into()), Ok(()));
+        assert!(matches!(
+            gw.may_gateway(&t("a"), &"search".into()),
+            Err(Denied::Forbidden(_))
+        ));
+        assert!(matches!(
+            gw.may_gateway(&t("b"), &"chat".into()),
+            Err(Denied::Hidden(_))
+        ));
+        assert!(gw.may_submit(&t("a"), "default").is_err());
+        assert!(gw.may(Verb::Cancel, &t("a"), "default", "job").is_err());
+        assert!(gw.may(Verb::Watch, &t("a"), "default", "job").is_err());
+        let Ok(Role::Grants(every)) = parse_role("gateway") else {
+            panic!("gateway");
+        };
+        let any = Principal {
+            grants: every,
+            ..gw
+        };
+        assert_eq!(any.may_gateway(&t("a"), &"search".into()), Ok(()));
+        // Reporting demand changes what runs: a gateway token names its tenant.
+        let record = TokenRecord {
+            id: "gw1".into(),
+            name: String::new(),
+            hash: "0".repeat(64),
+            tenant: None,
+            admin: false,
+            grants,
+            created_ms: 1,
+            expires_ms: 2,
+            created_by: "admin".into(),
+            revoked_ms: None,
+        };
+        assert!(record.problem().is_some_and(|p| p.contains("one tenant")));
     }
 
     #[test]
@@ -385,6 +501,7 @@ mod tests {
             grants: vec![Grant {
                 verb: Verb::Watch,
                 queues: vec![],
+                services: vec![],
             }],
             created_ms: 1,
             expires_ms: 2,

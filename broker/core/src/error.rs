@@ -23,7 +23,7 @@ pub enum CoreError {
     #[error("unknown priority class {class:?}; classes: {known}")]
     UnknownPriority { class: String, known: String },
     /// A token's role that is not one.
-    #[error("{role:?} is not a role: admin, viewer, or submit, cancel, watch, report (each optionally :QUEUE,QUEUE)")]
+    #[error("{role:?} is not a role: admin, viewer, submit, cancel, watch, report (each optionally :QUEUE,QUEUE), or gateway (optionally :SERVICE,SERVICE)")]
     UnknownRole { role: String },
 }
 

@@ -5,6 +5,7 @@
 //! `e2e/tests/format_fixture.rs`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use meridian_core::access::Verb;
 use meridian_core::durable::{self, Batch};
 use meridian_core::journal::MemoryJournal;
 use meridian_core::latency::RttTable;
@@ -241,9 +242,10 @@ fn a_format_5_snapshot_plus_the_batches_after_it_is_the_whole_journal() {
     snapshot_plus_the_batches_after_it_is_the_whole_journal(5);
 }
 
-/// Format 6 adds spot capacity: jobs that run on it (a service's replicas the autoscaler put there), metered at
-/// the spot price, and pools' spot prices in snapshots. Its journal (the format 5 run plus a service that allows
-/// spot, its replica on spot) replays to exactly what its broker reported.
+/// Format 6 adds spot capacity — jobs that run on it (a service's replicas the autoscaler put there), metered at
+/// the spot price, and pools' spot prices in snapshots — and gateway tokens. Its journal (the format 5 run plus a
+/// service that allows spot, its replica on spot, and a gateway token) replays to exactly what its broker
+/// reported.
 #[test]
 fn a_format_6_journal_replays_to_exactly_what_its_broker_reported_with_spot_replicas() {
     let batches = batches(6);
@@ -268,6 +270,15 @@ fn a_format_6_journal_replays_to_exactly_what_its_broker_reported_with_spot_repl
     assert_eq!(on_spot[0].as_ref().map(|s| s.as_str()), Some("spot"));
     let snapshot = fixture(6, "snapshot.json");
     assert!(snapshot.contains("\"spot_price_micro_usd_per_hour\":400000"));
+    let gateways: Vec<_> = r
+        .state()
+        .tokens()
+        .values()
+        .filter(|t| t.grants.iter().any(|g| g.verb == Verb::Gateway))
+        .map(|t| t.grants.clone())
+        .collect();
+    assert_eq!(gateways.len(), 1, "{gateways:?}");
+    assert_eq!(gateways[0][0].services, ["chat"]);
 }
 
 #[test]

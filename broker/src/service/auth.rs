@@ -206,6 +206,7 @@ mod tests {
             grants: vec![Grant {
                 verb: Verb::Watch,
                 queues: vec![],
+                services: vec![],
             }],
             created_ms: 1,
             expires_ms,

@@ -598,8 +598,21 @@ pub enum ServiceCall {
     },
 }
 
-/// The service, if the caller may route by it: a gateway (it may submit to the service's queue) routes by it,
-/// as a reader may read it.
+/// Whether the caller may report the service's demand: its gateway (the `gateway` role for it), or a caller
+/// that may submit to its queue (its owner).
+fn may_feed(who: &Principal, spec: &ServiceSpec) -> Result<(), StepError> {
+    let queue = spec.queue.as_ref().map_or("default", |q| q.as_str());
+    who.may_gateway(&spec.tenant, &spec.name)
+        .or_else(|_| who.may_submit(&spec.tenant, queue))
+        .map_err(|_| {
+            StepError::Refused(format!(
+                "token {} lacks the permission `gateway` on service {} (or `submit` on its queue {queue})",
+                who.id, spec.name
+            ))
+        })
+}
+
+/// The service, if the caller may route by it: whoever may report its demand, and whoever may read it.
 fn may_route<'a, J: Journal>(
     reactor: &'a Reactor<J>,
     who: &Principal,
@@ -607,10 +620,9 @@ fn may_route<'a, J: Journal>(
     name: &ServiceName,
 ) -> Result<&'a ServiceSpec, StepError> {
     let spec = find(reactor, who, tenant, name)?;
-    let queue = spec.queue.as_ref().map_or("default", |q| q.as_str());
     who.may_for_tenant(Verb::Watch, tenant)
-        .or_else(|_| who.may_submit(tenant, queue))
-        .map_err(refused)?;
+        .map_err(refused)
+        .or_else(|_| may_feed(who, spec))?;
     Ok(spec)
 }
 
@@ -655,11 +667,7 @@ impl Autoscaling {
                             problem: "name the service's tenant".into(),
                         })?;
                     let spec = find(reactor, &who, &tenant, &report.service)?;
-                    who.may_submit(
-                        &tenant,
-                        spec.queue.as_ref().map_or("default", |q| q.as_str()),
-                    )
-                    .map_err(refused)?;
+                    may_feed(&who, spec)?;
                     self.report(&tenant, &report.service, report.locations, now);
                     Ok(())
                 })();

@@ -203,6 +203,20 @@ impl<J: Journal> Reactor<J> {
                 if self.state.tokens.contains_key(&t.id) {
                     return Err(StepError::Conflict(format!("token id {} is taken", t.id)));
                 }
+                let gateway = t
+                    .grants
+                    .iter()
+                    .any(|g| g.verb == crate::access::Verb::Gateway);
+                if gateway && self.state.format() < super::GATEWAY_FORMAT {
+                    return Err(StepError::Invalid {
+                        field: "roles".into(),
+                        problem: format!(
+                            "gateway tokens are kept from durable format {}; the journal is in format {}: run `meridian journal upgrade-format` once every broker runs this release",
+                            super::GATEWAY_FORMAT,
+                            self.state.format()
+                        ),
+                    });
+                }
                 Ok(())
             }
             Event::TokenRevoked { id } => match self.state.tokens.get(id) {

@@ -28,6 +28,8 @@ pub const SECURITY_FORMAT: u32 = 3;
 pub const SERVICES_FORMAT: u32 = 5;
 /// The first durable format with spot capacity: jobs that run on it, pools' spot prices in snapshots.
 pub const SPOT_FORMAT: u32 = 6;
+/// The first durable format with gateway tokens (the `gateway` role).
+pub const GATEWAY_FORMAT: u32 = 6;
 
 use crate::durable::{Batch, FORMAT_VERSION};
 use crate::journal::{Journal, Record};

@@ -122,6 +122,7 @@ fn token(id: &str) -> TokenRecord {
         grants: vec![Grant {
             verb: Verb::Submit,
             queues: vec![],
+            services: vec![],
         }],
         created_ms: 1,
         expires_ms: u64::MAX,
