@@ -20,7 +20,7 @@ pub mod quota;
 pub mod reactor;
 pub mod regions;
 pub mod snapshot;
-#[cfg(test)]
+#[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 #[cfg(test)]
 mod tests;

@@ -33,6 +33,9 @@ const KEEP_CHANGES: usize = 50;
 /// How long a pool that took back a spot replica of a service gets no new spot replica of it: its
 /// replacement goes to another pool's spot capacity, or on-demand.
 pub const SPOT_HOLD_MS: u64 = 600_000;
+/// How long a replica may wait for room at the site it is pinned to before it is given up and the plan places
+/// it elsewhere (that pool held as long).
+pub const STUCK_MS: u64 = 120_000;
 /// A watched routing table is compared with what its watchers last got at most this often.
 pub const ROUTES_EVERY_MS: u64 = 250;
 /// Watches of one service's routing table at once.
@@ -116,17 +119,37 @@ fn key_of(job: &Job, sites: &BTreeMap<SiteId, Site>) -> Option<ReplicaKey> {
     })
 }
 
-/// A replica that cannot start where it is pinned: the site interrupted it (took its spot capacity back, lost
-/// its agent) or refused it, and the broker keeps it off that site for a while. The autoscaler replaces it.
-fn lost(job: &Job, now: Millis) -> Option<Millis> {
+/// A replica that cannot start where it is pinned, until when its pool is best left alone, and why: the site
+/// interrupted it (took its spot capacity back, lost its agent) or refused it, and the broker keeps it off that
+/// site for a while; or it has waited [`STUCK_MS`] for room there (other work holds the pool). The autoscaler
+/// replaces it.
+fn lost(job: &Job, now: Millis) -> Option<(Millis, String)> {
     if job.assignment.is_some() || job.phase != JobPhase::Pending {
         return None;
     }
     let site = job.spec.constraints.sites.first()?;
-    job.refused_until
+    if let Some((_, until)) = job
+        .refused_until
         .iter()
         .find(|(s, until)| s == site && *until > now)
-        .map(|(_, until)| *until)
+    {
+        // Why it was requeued (its `why` is the latest placement's by now).
+        let why = job
+            .history
+            .iter()
+            .rev()
+            .find(|(_, text)| text.starts_with("requeued"))
+            .map_or_else(|| job.why.clone(), |(_, text)| text.clone());
+        return Some((*until, why));
+    }
+    let waited = now.saturating_sub(job.waiting_since_ms);
+    let no_room = matches!(job.waited_on.0, Some("capacity" | "no_site_fits"));
+    (no_room && waited >= STUCK_MS).then(|| {
+        (
+            now + STUCK_MS,
+            format!("waited {} s for room at {site}", waited / 1000),
+        )
+    })
 }
 
 fn live_replicas<'a, J: Journal>(
@@ -240,7 +263,7 @@ impl Run {
             };
             let entry = by_key.entry(key.clone()).or_default();
             entry.0 += 1;
-            if let Some(until) = lost(j, now) {
+            if let Some((until, why)) = lost(j, now) {
                 let hold = if key.spot {
                     until.max(now + SPOT_HOLD_MS)
                 } else {
@@ -249,13 +272,7 @@ impl Run {
                 let held = self.held.entry(key).or_default();
                 *held = (*held).max(hold);
                 entry.1 += 1;
-                // Why it was requeued (its `why` is the latest placement's by now).
-                entry.2 = j
-                    .history
-                    .iter()
-                    .rev()
-                    .find(|(_, text)| text.starts_with("requeued"))
-                    .map_or_else(|| j.why.clone(), |(_, text)| text.clone());
+                entry.2 = why;
                 out.push(Event::Cancel(j.id.clone()));
             }
         }
@@ -758,5 +775,117 @@ impl Autoscaling {
                 let _ = reply.send(r);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use meridian_core::testkit::{job, site, TestEnv};
+    use meridian_federation::{GeoPoint, Tier};
+
+    fn service() -> ServiceSpec {
+        serde_json::from_value(serde_json::json!({
+            "name": "chat", "tenant": "team-a", "resources": {"kind": "gpu", "count": 1},
+            "throughput": {"requests_per_s": 10.0}, "slo_ms": 30, "min_replicas": 0, "max_replicas": 4,
+            "scale_up_delay_s": 0, "scale_down_delay_s": 600, "demand_window_s": 1, "policy": "cost",
+            "run": {"command": "serve"}
+        }))
+        .unwrap()
+    }
+
+    fn pinned_to(e: &Event) -> Option<String> {
+        match e {
+            Event::Submit(s) => s.constraints.sites.first().map(|s| s.to_string()),
+            _ => None,
+        }
+    }
+
+    /// A replica pinned to a pool that other work took first is given up after [`STUCK_MS`] of waiting for
+    /// room, and the plan places it at the next pool, the first one held meanwhile.
+    #[test]
+    fn a_replica_that_waits_too_long_for_room_is_placed_elsewhere() {
+        let mut env = TestEnv::new(vec![
+            site("near-a", Tier::Owned, 40.7, -74.0)
+                .gpus("A100", 1, 1.0)
+                .build(),
+            site("near-b", Tier::Owned, 40.8, -74.1)
+                .gpus("A100", 1, 2.0)
+                .build(),
+        ]);
+        let spec = service();
+        env.step(Event::ServiceDeployed(spec.clone()));
+        let mut scaling = Autoscaling::default();
+        let new_york = LocationRate {
+            name: "new-york".into(),
+            location: GeoPoint {
+                lat: 40.71,
+                lon: -74.0,
+            },
+            rtt_region: None,
+            per_s: 5.0,
+        };
+        scaling.report(&spec.tenant, &spec.name, vec![new_york.clone()], env.now);
+        let first = scaling.events(&env.reactor, env.now);
+        assert_eq!(
+            first.iter().filter_map(pinned_to).collect::<Vec<_>>(),
+            ["near-a"]
+        );
+        // Other work takes near-a's only GPU before the replica is placed.
+        let mut busy = job("busy", 1);
+        busy.constraints.sites = vec![SiteId::new("near-a").unwrap()];
+        env.submit(busy);
+        for o in env.take_offers() {
+            env.answer(&o, meridian_federation::OfferOutcome::Accepted);
+            env.status(&o, meridian_federation::AttemptState::Running, 0);
+        }
+        for e in first {
+            env.step(e);
+        }
+        let replica = live_replicas(&env.reactor, &spec)
+            .next()
+            .unwrap()
+            .id
+            .clone();
+        assert_eq!(env.phase(&replica), JobPhase::Pending);
+
+        // The plan follows the room at once: a replica at near-b. The one stuck at near-a is given up after
+        // waiting STUCK_MS for room (until then it holds back every removal around it, as a replica that is
+        // about to start). The sites stay up (heartbeats) and the gateway keeps reporting.
+        let mut seen: Vec<(Millis, Event)> = Vec::new();
+        for _ in 0..(STUCK_MS / 5_000 + 2) {
+            env.heartbeat("near-a");
+            env.heartbeat("near-b");
+            env.advance(5_000);
+            scaling.report(&spec.tenant, &spec.name, vec![new_york.clone()], env.now);
+            for e in scaling.events(&env.reactor, env.now) {
+                seen.push((env.now, e.clone()));
+                env.step(e);
+            }
+            for o in env.take_offers() {
+                env.answer(&o, meridian_federation::OfferOutcome::Accepted);
+                env.status(&o, meridian_federation::AttemptState::Running, 0);
+            }
+        }
+        let submitted: Vec<String> = seen.iter().filter_map(|(_, e)| pinned_to(e)).collect();
+        assert_eq!(submitted, ["near-b"], "{seen:?}");
+        let cancelled: Vec<Millis> = seen
+            .iter()
+            .filter(|(_, e)| matches!(e, Event::Cancel(id) if *id == replica))
+            .map(|(at, _)| *at)
+            .collect();
+        assert_eq!(cancelled.len(), 1, "{seen:?}");
+        let waited = cancelled[0] - env.reactor.state().jobs()[&replica].submitted_ms;
+        assert!((STUCK_MS..STUCK_MS + 10_000).contains(&waited), "{waited}");
+        let view = scaling.view(&env.reactor, &spec, env.now);
+        assert!(
+            view.changes
+                .iter()
+                .any(|c| c.site.as_str() == "near-a" && c.why.contains("waited 120 s for room")),
+            "{:?}",
+            view.changes
+        );
     }
 }
