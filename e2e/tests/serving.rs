@@ -69,6 +69,18 @@ fn replicas_follow_demand_to_each_city_and_leave_when_it_ends() {
         f.with_token(Some(&mallory)),
     );
     let own = f.with_token(Some(&owner));
+    // The token list shows the role as it was written.
+    let (status, v) = admin.get("/v1/admin/tokens");
+    assert_eq!(status, 200, "{v}");
+    let id = gateway.split('_').nth(1).unwrap();
+    let listed = v["ok"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["id"] == id)
+        .unwrap()
+        .clone();
+    assert_eq!(listed["roles"], json!(["gateway:chat"]), "{listed}");
 
     // Another tenant's token cannot deploy for acme; a bad file is refused with the field named.
     let body = service().to_string();

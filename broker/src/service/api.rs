@@ -930,10 +930,17 @@ fn token_view(t: &meridian_core::access::TokenRecord) -> meridian_federation::To
         .grants
         .iter()
         .map(|g| {
-            if g.queues.is_empty() {
+            // Queues, or a gateway's services: what the role was written with.
+            let names: Vec<&str> = g
+                .queues
+                .iter()
+                .map(|q| q.as_str())
+                .chain(g.services.iter().map(|s| s.as_str()))
+                .collect();
+            if names.is_empty() {
                 g.verb.as_str().to_owned()
             } else {
-                format!("{}:{}", g.verb.as_str(), g.queues.join(","))
+                format!("{}:{}", g.verb.as_str(), names.join(","))
             }
         })
         .collect();
