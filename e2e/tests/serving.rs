@@ -226,7 +226,16 @@ fn replicas_follow_demand_to_each_city_and_leave_when_it_ends() {
     });
 }
 
-/// The pools running replicas, from `GET /v1/services/chat`: `site/pool` with ` spot` on spot capacity.
+/// A replica's or a route's site, with ` spot` on spot capacity.
+fn label(r: &Value) -> String {
+    format!(
+        "{}{}",
+        r["site"].as_str().unwrap(),
+        if r["spot"] == true { " spot" } else { "" }
+    )
+}
+
+/// The sites running replicas, from `GET /v1/services/chat`.
 fn running_pools(api: &Api<'_>) -> Vec<String> {
     let (status, v) = api.get("/v1/services/chat?tenant=acme");
     assert_eq!(status, 200, "{v}");
@@ -235,36 +244,29 @@ fn running_pools(api: &Api<'_>) -> Vec<String> {
         .unwrap()
         .iter()
         .filter(|r| r["state"] == "running")
-        .map(|r| {
-            format!(
-                "{}{}",
-                r["site"].as_str().unwrap(),
-                if r["spot"] == true { " spot" } else { "" }
-            )
-        })
+        .map(label)
         .collect();
     out.sort();
     out
 }
 
-/// New York's routes: `site` with ` spot` on spot capacity.
-fn new_york_routes(api: &Api<'_>) -> Vec<String> {
-    let (status, v) = api.get("/v1/services/chat/routes?tenant=acme");
-    assert_eq!(status, 200, "{v}");
-    v["ok"]["locations"]
+/// New York's routes in a `RoutesView`.
+fn new_york(routes: &Value) -> Vec<String> {
+    routes["locations"]
         .as_array()
         .unwrap()
         .iter()
         .filter(|l| l["location"] == "new-york")
         .flat_map(|l| l["routes"].as_array().unwrap().iter())
-        .map(|r| {
-            format!(
-                "{}{}",
-                r["site"].as_str().unwrap(),
-                if r["spot"] == true { " spot" } else { "" }
-            )
-        })
+        .map(label)
         .collect()
+}
+
+/// New York's routes, from `GET /v1/services/chat/routes`.
+fn new_york_routes(api: &Api<'_>) -> Vec<String> {
+    let (status, v) = api.get("/v1/services/chat/routes?tenant=acme");
+    assert_eq!(status, 200, "{v}");
+    new_york(&v["ok"])
 }
 
 #[test]
@@ -440,21 +442,9 @@ impl Watcher {
     fn tables(&self) -> Vec<Vec<String>> {
         self.lines()
             .iter()
-            .filter_map(|l| l["watch"]["ok"]["routes"]["locations"].as_array().cloned())
-            .map(|locations| {
-                locations
-                    .iter()
-                    .filter(|l| l["location"] == "new-york")
-                    .flat_map(|l| l["routes"].as_array().cloned().unwrap_or_default())
-                    .map(|r| {
-                        format!(
-                            "{}{}",
-                            r["site"].as_str().unwrap(),
-                            if r["spot"] == true { " spot" } else { "" }
-                        )
-                    })
-                    .collect()
-            })
+            .map(|l| &l["watch"]["ok"]["routes"])
+            .filter(|routes| routes.is_object())
+            .map(new_york)
             .collect()
     }
 }

@@ -96,13 +96,11 @@ pub fn parse_role(s: &str) -> Result<Role, CoreError> {
                 .filter(|q| !q.is_empty() && *q != "*")
                 .collect();
             if verb == Verb::Gateway {
-                let bad = |n: &&str| {
-                    n.len() > 64
-                        || !n
-                            .bytes()
-                            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
-                };
-                if names.iter().any(bad) {
+                // A service's name follows the wire's rule for names of things.
+                if names
+                    .iter()
+                    .any(|n| meridian_federation::ids::check_id(n).is_err())
+                {
                     return Err(CoreError::UnknownRole { role: s.to_owned() });
                 }
                 let services = names.into_iter().map(ServiceName::new).collect();
@@ -475,39 +473,37 @@ mod tests {
         };
         assert_eq!(any.may_gateway(&t("a"), &"search".into()), Ok(()));
         // Reporting demand changes what runs: a gateway token names its tenant.
-        let record = TokenRecord {
-            id: "gw1".into(),
+        let record = record("gw1", None, grants);
+        assert!(record.problem().is_some_and(|p| p.contains("one tenant")));
+    }
+
+    /// A token record as an administrator would create it.
+    fn record(id: &str, tenant: Option<TenantId>, grants: Vec<Grant>) -> TokenRecord {
+        TokenRecord {
+            id: id.into(),
             name: String::new(),
             hash: "0".repeat(64),
-            tenant: None,
+            tenant,
             admin: false,
             grants,
             created_ms: 1,
             expires_ms: 2,
             created_by: "admin".into(),
             revoked_ms: None,
-        };
-        assert!(record.problem().is_some_and(|p| p.contains("one tenant")));
+        }
     }
 
     #[test]
     fn token_records_are_checked() {
-        let mut r = TokenRecord {
-            id: "abc123".into(),
-            name: String::new(),
-            hash: "0".repeat(64),
-            tenant: Some(t("a")),
-            admin: false,
-            grants: vec![Grant {
+        let mut r = record(
+            "abc123",
+            Some(t("a")),
+            vec![Grant {
                 verb: Verb::Watch,
                 queues: vec![],
                 services: vec![],
             }],
-            created_ms: 1,
-            expires_ms: 2,
-            created_by: "admin".into(),
-            revoked_ms: None,
-        };
+        );
         assert_eq!(r.problem(), None);
         r.grants.clear();
         assert!(r.problem().is_some());
@@ -526,18 +522,7 @@ mod tests {
         let Ok(Role::Grants(grants)) = parse_role("viewer") else {
             panic!("viewer");
         };
-        let mut r = TokenRecord {
-            id: "view1".into(),
-            name: String::new(),
-            hash: "0".repeat(64),
-            tenant: None,
-            admin: false,
-            grants,
-            created_ms: 1,
-            expires_ms: 2,
-            created_by: "admin".into(),
-            revoked_ms: None,
-        };
+        let mut r = record("view1", None, grants);
         assert_eq!(r.problem(), None);
         let v = r.principal();
         assert!(v.is_viewer());

@@ -423,12 +423,8 @@ impl Autoscaling {
         now: Millis,
     ) -> ServiceView {
         let run = self.runs.get(&(spec.tenant.clone(), spec.name.clone()));
-        let offers = live_offers(
-            reactor,
-            spec,
-            &run.map(|r| r.held.clone()).unwrap_or_default(),
-            now,
-        );
+        let none = BTreeMap::new();
+        let offers = live_offers(reactor, spec, run.map_or(&none, |r| &r.held), now);
         let demand = run.map(|r| r.demand(now)).unwrap_or_default();
         let plan = desired(&offers, &demand, reactor.rtt(), &settings(spec));
         let mut per_key: BTreeMap<ReplicaKey, f64> = BTreeMap::new();

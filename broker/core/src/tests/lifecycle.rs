@@ -553,7 +553,7 @@ fn a_run_reported_before_the_offers_answer_counts_as_its_acceptance_once() {
     assert_eq!(env.phase(&id), JobPhase::Running);
 }
 
-fn service_spec(name: &str) -> meridian_federation::ServiceSpec {
+pub(super) fn service_spec(name: &str) -> meridian_federation::ServiceSpec {
     serde_json::from_value(serde_json::json!({
         "name": name,
         "tenant": "team-a",

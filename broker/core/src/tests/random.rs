@@ -311,17 +311,7 @@ impl Run {
             Action::Resume => self.step(Event::Resume),
             Action::Service { deploy, spot } => {
                 let event = if *deploy {
-                    let mut spec: meridian_federation::ServiceSpec =
-                        serde_json::from_value(serde_json::json!({
-                            "name": "chat",
-                            "tenant": "team-a",
-                            "resources": {"kind": "gpu", "count": 1},
-                            "throughput": {"requests_per_s": 2.0},
-                            "slo_ms": 50,
-                            "max_replicas": 4,
-                            "run": {"command": "serve"}
-                        }))
-                        .unwrap();
+                    let mut spec = super::lifecycle::service_spec("chat");
                     spec.spot = *spot;
                     Event::ServiceDeployed(spec)
                 } else {
