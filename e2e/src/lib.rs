@@ -407,9 +407,10 @@ impl Fed {
             }
             if Instant::now() > deadline {
                 panic!(
-                    "job {id} did not reach {phase} in {timeout:?}: {j}\nexplain: {}\nlogs in {}",
+                    "job {id} did not reach {phase} in {timeout:?}: {j}\nexplain: {}\nlogs in {}\n{}",
                     self.explain(id),
-                    self.fed.dir.display()
+                    self.fed.dir.display(),
+                    self.fed.log_tails(40)
                 );
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -417,12 +418,38 @@ impl Fed {
     }
 
     pub fn wait_until(&self, what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
+        self.wait_for(what, timeout, || {
+            if check() {
+                Ok(())
+            } else {
+                Err(String::new())
+            }
+        });
+    }
+
+    /// Waits until `check` says `Ok`; on timeout the panic gives what it last said and the logs' tails.
+    pub fn wait_for(
+        &self,
+        what: &str,
+        timeout: Duration,
+        mut check: impl FnMut() -> Result<(), String>,
+    ) {
         let deadline = Instant::now() + timeout;
-        while !check() {
+        loop {
+            let last = match check() {
+                Ok(()) => return,
+                Err(last) => last,
+            };
             if Instant::now() > deadline {
                 panic!(
-                    "timed out waiting for {what}; logs in {}",
-                    self.fed.dir.display()
+                    "timed out waiting for {what}{}; logs in {}\n{}",
+                    if last.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (last seen: {last})")
+                    },
+                    self.fed.dir.display(),
+                    self.fed.log_tails(40)
                 );
             }
             std::thread::sleep(Duration::from_millis(100));

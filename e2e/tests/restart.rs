@@ -154,13 +154,27 @@ fn an_agent_killed_with_many_running_jobs_is_reconciled_within_a_minute() {
     f.fed.kill_agent("big");
     let killed = Instant::now();
     f.fed.restart_agent("big").unwrap();
-    f.wait_until("every job running again", LONG, || {
-        f.try_jobs().is_some_and(|all| {
-            all.iter()
-                .filter(|j| j["phase"] == "running" && j["attempt"] == 2)
-                .count()
-                == n
-        })
+    f.wait_for("every job running again", LONG, || {
+        let all = f.try_jobs().ok_or("no job list")?;
+        let again = all
+            .iter()
+            .filter(|j| j["phase"] == "running" && j["attempt"] == 2)
+            .count();
+        if again == n {
+            return Ok(());
+        }
+        // How the others stand, by phase and attempt, with one of each.
+        let mut others: std::collections::BTreeMap<String, (usize, String)> = Default::default();
+        for j in all
+            .iter()
+            .filter(|j| !(j["phase"] == "running" && j["attempt"] == 2))
+        {
+            let e = others
+                .entry(format!("{} attempt {}", j["phase"], j["attempt"]))
+                .or_insert((0, j["id"].to_string()));
+            e.0 += 1;
+        }
+        Err(format!("{again} of {n} running again; others: {others:?}"))
     });
     let took = killed.elapsed();
     let all = f.jobs();

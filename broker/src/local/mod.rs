@@ -170,11 +170,18 @@ pub struct LocalFederation {
 impl Drop for LocalFederation {
     /// Stops the agents (their jobs would wait for a restarted agent), then every job they left, at once: a
     /// local federation that stops leaves no process behind.
+    /// A federation dropped while its thread panics (a failed test) keeps its folder, logs and state.
     fn drop(&mut self) {
         for a in &mut self.agents {
             a.proc.stop(std::time::Duration::from_millis(500));
         }
         self.stop_jobs();
+        if std::thread::panicking() {
+            if let Some(tmp) = self._tmp.take() {
+                let kept = tmp.keep();
+                eprintln!("federation folder kept: {}", kept.display());
+            }
+        }
     }
 }
 
@@ -464,6 +471,33 @@ impl LocalFederation {
             .map(|b| std::fs::read_to_string(&b.log).unwrap_or_default())
             .collect::<Vec<_>>()
             .join("\n")
+    }
+
+    /// The last `lines` lines of every broker's and agent's log, each under its file's name: what a failed
+    /// test prints, so that a run whose folder is gone still says what happened.
+    pub fn log_tails(&self, lines: usize) -> String {
+        let mut files: Vec<PathBuf> = self.brokers.iter().map(|b| b.log.clone()).collect();
+        files.extend(
+            self.agents
+                .iter()
+                .map(|a| self.dir.join(format!("agent-{}.log", a.id))),
+        );
+        let mut out = String::new();
+        for f in files {
+            let text = std::fs::read_to_string(&f).unwrap_or_default();
+            let all: Vec<&str> = text.lines().collect();
+            let tail = &all[all.len().saturating_sub(lines)..];
+            out.push_str(&format!(
+                "--- {} (last {} lines)\n",
+                f.display(),
+                tail.len()
+            ));
+            for l in tail {
+                out.push_str(l);
+                out.push('\n');
+            }
+        }
+        out
     }
 
     fn spawn_agent(&self, id: &str, path: &Path, nats: &str) -> anyhow::Result<Managed> {
