@@ -332,6 +332,10 @@ fn a_spot_replica_taken_back_is_replaced_on_spot_elsewhere_then_on_demand() {
         running_pools(&view) == ["cloud-b spot"]
     });
     assert_eq!(new_york_routes(&view), ["cloud-b spot"]);
+    // The watch compares the table at most every 250 ms: the next change waits until it has been heard.
+    f.wait_until("the watcher heard cloud-b's spot replica", LONG, || {
+        watcher.tables().iter().any(|t| t == &["cloud-b spot"])
+    });
 
     // cloud-b's spot goes too: with both spot pools held, on-demand takes over, at the cheaper cloud.
     f.reclaim_spot("cloud-b");

@@ -6,11 +6,14 @@
 //! then cloud, and within a tier by the service's policy (see [`Objective`]) — with each replica loaded to at
 //! most the target utilisation; spare throughput of a replica already wanted is used before a new one is added.
 //! A location no offer reaches within the SLO is served by the nearest offer with room (outside the SLO, and
-//! said so). [`Scaler::step`] turns the desired counts into targets with the delays as hysteresis: a count goes
-//! up to the lowest level it was wanted at over the whole scale-up delay, and down to the highest level it was
-//! wanted at over the whole scale-down delay; a location left without any replica in reach is covered at once;
-//! nothing is removed while a replica of the service is still starting (make before break), nor before a full
-//! scale-down window of demand has been seen (after a deployment, a restart or a takeover).
+//! said so). [`Scaler::step`] turns the desired counts into targets with the delays as hysteresis: up per
+//! location (a location is planned for the lowest level its demand kept over the whole scale-up delay; new demand,
+//! and demand back at a level planned for within the scale-down delay, at once), down per service (the replicas
+//! stay while the plan's total is below the most it wanted within the scale-down delay, kept where the plan
+//! wanted them; a move keeps nothing); a location left without any replica in reach is covered at once, and one
+//! whose demand stopped stays covered for a scale-down delay; nothing is removed while a replica of the service
+//! is still starting (make before break), nor before a full scale-down window of demand has been seen (after a
+//! deployment, a restart or a takeover).
 
 use crate::latency::{rtt_ms, RttTable};
 use crate::placement::{never_fits, View};
@@ -540,7 +543,15 @@ struct Window {
     /// The mean over the demand window at each step.
     seen: VecDeque<(Millis, f64)>,
     planned: f64,
+    /// The level planned for at each step of the last scale-down delay.
+    plans: VecDeque<(Millis, f64)>,
+    /// When the mean was last above zero.
+    last_demand_ms: Option<Millis>,
 }
+
+/// The rate a location is planned for while it has had no demand for less than a scale-down delay: it stays
+/// covered (a replica within the SLO is kept for it) without asking for throughput.
+const COVER_RATE: f64 = 1e-6;
 
 impl Window {
     /// The level seen over the whole of `[now - delay, now]`, by `pick` (min or max), or `None` if what was seen
@@ -552,15 +563,22 @@ impl Window {
     }
 }
 
-/// The hysteresis of one service: a sliding window of demand per location. Each location is planned for the
-/// lowest rate it kept over the whole scale-up delay when that is above its plan, and for the highest rate it
-/// kept over the whole scale-down delay when that is below; a location seen with demand for the first time is
-/// planned for at once. Soft state: a new scaler (after a restart or a takeover) removes nothing until it has
-/// seen a full scale-down delay of demand.
+/// The hysteresis of one service. Per location: a location is planned for the lowest rate its sliding mean
+/// kept over the whole scale-up delay when that is above its plan (a location seen with demand for the first
+/// time at once, and a mean back at a level it held within the scale-down delay at once, up to that level), and
+/// for its mean when that is below; one whose demand stopped stays covered for a scale-down delay (a replica
+/// within the SLO is kept for it). Down, per service ([`Scaler::kept`]): replicas are kept beyond the plan only
+/// while its total is below the most it wanted within the scale-down delay, and only where it wanted them then.
+/// Holding what the service needed at once — not the sum of each location's own highest level — keeps fewer
+/// replicas where several locations' demand peaks at different times, and lets a move stop the old replicas as
+/// soon as the new ones serve. Soft state: a new scaler (after a restart or a takeover) removes nothing until it has seen a full
+/// scale-down delay of demand.
 #[derive(Clone, Debug, Default)]
 pub struct Scaler {
     windows: BTreeMap<String, Window>,
     since: Option<Millis>,
+    /// The plan at each step of the last scale-down delay: its total and its count per key.
+    wanted: VecDeque<(Millis, u32, BTreeMap<ReplicaKey, u32>)>,
 }
 
 impl Scaler {
@@ -571,7 +589,8 @@ impl Scaler {
         measured: &[LocationDemand],
         s: &Settings,
     ) -> Vec<LocationDemand> {
-        let keep_from = now.saturating_sub(s.up_delay_ms.max(s.down_delay_ms));
+        let keep_from = now.saturating_sub(s.up_delay_ms);
+        let plans_from = now.saturating_sub(s.down_delay_ms);
         measured
             .iter()
             .map(|d| {
@@ -586,18 +605,35 @@ impl Scaler {
                     w.seen.pop_front();
                 }
                 let up = w.level(now, s.up_delay_ms, f64::min);
-                let down = w.level(now, s.down_delay_ms, f64::max);
+                // Back at once to a level planned for within the scale-down delay: demand that returns is not
+                // a spike.
+                let recent = w.plans.iter().map(|(_, r)| *r).fold(0.0, f64::max);
+                let back = mean.min(recent);
                 w.planned = if w.planned <= 0.0 && mean > 0.0 {
                     mean
                 } else if let Some(u) = up.filter(|u| *u > w.planned) {
-                    u
-                } else if let Some(x) = down.filter(|x| *x < w.planned) {
-                    x
+                    u.max(back)
+                } else if back > w.planned {
+                    back
                 } else {
-                    w.planned
+                    w.planned.min(mean)
                 };
+                w.plans.push_back((now, w.planned));
+                while w.plans.front().is_some_and(|(t, _)| *t < plans_from) {
+                    w.plans.pop_front();
+                }
+                if mean > 0.0 {
+                    w.last_demand_ms = Some(now);
+                }
+                let covered = w
+                    .last_demand_ms
+                    .is_some_and(|t| now.saturating_sub(t) < s.down_delay_ms);
                 LocationDemand {
-                    rate: w.planned,
+                    rate: if covered {
+                        w.planned.max(COVER_RATE)
+                    } else {
+                        w.planned
+                    },
                     ..d.clone()
                 }
             })
@@ -644,10 +680,16 @@ impl Scaler {
         }
         let window_seen = now >= since + s.down_delay_ms;
         let keys: BTreeSet<&ReplicaKey> = present.keys().chain(want.replicas.keys()).collect();
+        let kept = self.kept(now, offers, present, &want, s.down_delay_ms);
         let mut changes = Vec::new();
         for key in keys {
             let from = present.get(key).map_or(0, |p| p.total());
             let to = want.replicas.get(key).copied().unwrap_or(0);
+            let to = if to < from {
+                (to + kept.get(key).copied().unwrap_or(0)).min(from)
+            } else {
+                to
+            };
             let why = if to > from && urgent.contains(key) {
                 Why::Uncovered
             } else if to > from {
@@ -665,6 +707,57 @@ impl Scaler {
             });
         }
         (want, changes)
+    }
+
+    /// Replicas kept beyond the plan, per key, because demand fell less than a scale-down delay ago: the plan's
+    /// total now may fall short of the most it wanted at any step of the delay by at most that many, and each
+    /// key keeps at most what the plan wanted of it over the delay (the best kept first, in reverse removal
+    /// order). A move (the plan wants as many elsewhere) keeps nothing: the old replicas stop once the new ones
+    /// serve. Before the scaler has seen a whole delay, every running replica is kept.
+    fn kept(
+        &mut self,
+        now: Millis,
+        offers: &[Offer],
+        present: &BTreeMap<ReplicaKey, Present>,
+        want: &Desired,
+        delay: u64,
+    ) -> BTreeMap<ReplicaKey, u32> {
+        let keep_from = now.saturating_sub(delay);
+        let total: u32 = want.replicas.values().sum();
+        self.wanted.push_back((now, total, want.replicas.clone()));
+        while self.wanted.len() > 1 && self.wanted[1].0 <= keep_from {
+            self.wanted.pop_front();
+        }
+        let reaches_back = self.wanted.front().is_some_and(|(t, _, _)| *t <= keep_from);
+        if !reaches_back {
+            return present
+                .iter()
+                .map(|(k, p)| (k.clone(), p.total()))
+                .collect();
+        }
+        let most_total = self.wanted.iter().map(|(_, t, _)| *t).max().unwrap_or(0);
+        let mut allowance = most_total.saturating_sub(total);
+        let mut kept = BTreeMap::new();
+        for i in removal_order(offers).into_iter().rev() {
+            if allowance == 0 {
+                break;
+            }
+            let key = &offers[i].key;
+            let have = present.get(key).map_or(0, |p| p.total());
+            let now_wanted = want.replicas.get(key).copied().unwrap_or(0);
+            let most = self
+                .wanted
+                .iter()
+                .map(|(_, _, w)| w.get(key).copied().unwrap_or(0))
+                .max()
+                .unwrap_or(0);
+            let keep = most.min(have).saturating_sub(now_wanted).min(allowance);
+            if keep > 0 {
+                kept.insert(key.clone(), keep);
+                allowance -= keep;
+            }
+        }
+        kept
     }
 }
 
@@ -1013,6 +1106,138 @@ mod tests {
         }
         assert!(step(base + 700_000, 90.0, &one).is_empty());
         assert!(step(base + 730_000, 5.0, &one).is_empty());
+    }
+
+    #[test]
+    fn a_pool_keeps_what_its_locations_needed_together_not_the_sum_of_each_one_s_peak() {
+        let offers = vec![offer("dc", Tier::Owned, -76.0, 1.0, 10.0, 100)];
+        let s = settings(Objective::Cost);
+        let rtt = RttTable::default();
+        let mut scaler = Scaler::default();
+        let mut step = |t: u64, a: f64, b: f64, p: &BTreeMap<ReplicaKey, Present>| {
+            scaler
+                .step(
+                    t,
+                    &offers,
+                    &[at("east", -75.0, a), at("west", -77.0, b)],
+                    p,
+                    &rtt,
+                    &s,
+                )
+                .1
+        };
+        let c = step(0, 45.0, 15.0, &present(&[]));
+        assert_eq!(c[0].to, 6, "{c:?}");
+        let six = present(&[(&offers[0], 6, 0)]);
+        for t in (60_000..=1_200_000).step_by(60_000) {
+            assert!(step(t, 45.0, 15.0, &six).is_empty(), "at {t}");
+        }
+        // The two locations swap their demand: the pool's six replicas still serve both, and no more are
+        // started (the sum of each location's own peak would want ten) nor any stopped.
+        for t in (1_260_000..=3_000_000).step_by(60_000) {
+            let c = step(t, 15.0, 45.0, &six);
+            assert!(c.is_empty(), "at {t}: {c:?}");
+        }
+        // Both fall for good: the pool gives its replicas up once the fall has held a whole scale-down delay,
+        // down to the one replica the low demand needs.
+        let mut count = 6;
+        let mut first_removal = None;
+        for t in (3_060_000..6_000_000).step_by(60_000) {
+            if let Some(c) = step(t, 5.0, 5.0, &present(&[(&offers[0], count, 0)])).first() {
+                assert_eq!((c.from, c.why), (count, Why::DemandFell));
+                assert!(c.to < count, "{c:?}");
+                first_removal.get_or_insert(t);
+                count = c.to;
+            }
+        }
+        let at = first_removal.expect("given up in the end");
+        assert!(at >= 3_060_000 + 600_000, "given up at {at}");
+        assert_eq!(count, 1);
+    }
+
+    #[test]
+    fn a_location_whose_demand_pauses_keeps_a_replica_in_reach_for_a_scale_down_delay() {
+        // Two pools an ocean apart, each the only one within the SLO of its city; the east is cheaper, so a
+        // replica kept there while the east's demand falls comes before one kept for the west.
+        let offers = vec![
+            offer("east", Tier::Owned, -75.0, 1.0, 10.0, 100),
+            offer("west", Tier::Owned, 10.0, 2.0, 10.0, 100),
+        ];
+        let s = settings(Objective::Cost);
+        let rtt = RttTable::default();
+        let mut scaler = Scaler::default();
+        let mut running: BTreeMap<ReplicaKey, u32> = BTreeMap::new();
+        let mut west_seen = None;
+        for m in 0..40u64 {
+            let t = m * 60_000;
+            let (east, west) = match m {
+                0..=11 => (45.0, 0.0),
+                12 => (25.0, 5.0),
+                _ => (25.0, 0.0),
+            };
+            if west > 0.0 {
+                west_seen = Some(t);
+            }
+            let now: Vec<(&Offer, u32, u32)> = offers
+                .iter()
+                .map(|o| (o, running.get(&o.key).copied().unwrap_or(0), 0))
+                .collect();
+            let (_, changes) = scaler.step(
+                t,
+                &offers,
+                &[at("new-york", -74.0, east), at("frankfurt", 9.0, west)],
+                &present(&now),
+                &rtt,
+                &s,
+            );
+            for c in changes {
+                running.insert(c.key.clone(), c.to);
+            }
+            let west_now = running.get(&offers[1].key).copied().unwrap_or(0);
+            if west_seen.is_some_and(|w| t < w + 600_000) {
+                assert!(
+                    west_now >= 1,
+                    "at minute {m} Frankfurt had demand {}s ago and no replica",
+                    (t - west_seen.unwrap_or(0)) / 1000
+                );
+            }
+        }
+        assert!(west_seen.is_some());
+        assert_eq!(
+            running.get(&offers[1].key).copied(),
+            Some(0),
+            "given up in the end"
+        );
+    }
+
+    #[test]
+    fn demand_back_at_a_level_planned_for_within_the_scale_down_delay_is_planned_for_at_once() {
+        let offers = vec![offer("dc", Tier::Owned, -76.0, 1.0, 10.0, 100)];
+        let s = settings(Objective::Cost);
+        let rtt = RttTable::default();
+        let mut scaler = Scaler::default();
+        let five = present(&[(&offers[0], 5, 0)]);
+        let mut want = |t: u64, rate: f64| {
+            let (d, _) = scaler.step(t, &offers, &[at("east", -75.0, rate)], &five, &rtt, &s);
+            d.replicas.get(&offers[0].key).copied().unwrap_or(0)
+        };
+        for t in (0..=600_000).step_by(60_000) {
+            assert_eq!(want(t, 50.0), 5);
+        }
+        // A dip: the plan follows it down at once (the pool keeps its replicas for the scale-down delay).
+        for t in (660_000..=900_000).step_by(60_000) {
+            want(t, 20.0);
+        }
+        assert_eq!(want(960_000, 20.0), 2);
+        // Back at 50: planned for at once, not after the scale-up delay.
+        assert_eq!(
+            want(1_020_000, 50.0),
+            4,
+            "the sliding mean is half-way back"
+        );
+        assert_eq!(want(1_080_000, 50.0), 5);
+        // A level never planned for is a spike: followed only after the scale-up delay.
+        assert_eq!(want(1_140_000, 90.0), 5);
     }
 
     #[test]
