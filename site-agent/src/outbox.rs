@@ -44,6 +44,13 @@ impl StatusOutbox {
 
     /// Adds an update at the end, on disk before it returns.
     pub fn push(&mut self, status: JobStatus) -> std::io::Result<()> {
+        self.push_unsynced(status)?;
+        self.sync()
+    }
+
+    /// Adds an update at the end, written but not yet forced to disk: [`Self::sync`] does that for every update
+    /// written before it (one flush for a burst of updates).
+    pub fn push_unsynced(&mut self, status: JobStatus) -> std::io::Result<()> {
         let mut line = encode(&status).map_err(std::io::Error::other)?;
         line.push(b'\n');
         let mut f = std::fs::OpenOptions::new()
@@ -51,9 +58,17 @@ impl StatusOutbox {
             .append(true)
             .open(&self.path)?;
         f.write_all(&line)?;
-        f.sync_data()?;
         self.queue.push_back(status);
         Ok(())
+    }
+
+    /// Forces every update written so far to disk.
+    pub fn sync(&self) -> std::io::Result<()> {
+        std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(&self.path)?
+            .sync_data()
     }
 
     /// The oldest unacknowledged update.
@@ -162,6 +177,24 @@ mod tests {
         assert_eq!(again.front().unwrap().job.as_str(), "b");
         std::fs::write(&path, "garbage\n").unwrap();
         assert!(StatusOutbox::open(path).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_burst_written_then_flushed_once_is_kept_in_order_beside_single_updates() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("outbox.jsonl");
+        let mut o = StatusOutbox::open(path.clone()).unwrap();
+        o.push(status("a", AttemptState::Running)).unwrap();
+        for job in ["b", "c", "d"] {
+            o.push_unsynced(status(job, AttemptState::Running)).unwrap();
+        }
+        o.sync().unwrap();
+        o.push(status("e", AttemptState::Running)).unwrap();
+        o.pop().unwrap();
+        drop(o);
+        let again = StatusOutbox::open(path).unwrap();
+        let jobs: Vec<String> = again.head(10).iter().map(|s| s.job.to_string()).collect();
+        assert_eq!(jobs, ["b", "c", "d", "e"]);
     }
 
     #[test]

@@ -112,7 +112,12 @@ struct Agent {
     telemetry: Option<meridian_adapters::telemetry::Telemetry>,
     /// The latest device report, for the agent's own `/metrics` (when it serves one).
     report: Arc<Mutex<Option<meridian_federation::SiteMetrics>>>,
+    /// Within a burst of offers: status updates are written, and forced to disk once before the replies go.
+    defer_sync: bool,
 }
+
+/// The most offers answered together (their status updates forced to disk once, then their replies sent).
+const OFFER_BURST: usize = 256;
 
 /// Pools from the site file, with NVIDIA GPU pools replaced by what NVML finds where it is available.
 fn inventory(site: &SiteFile) -> anyhow::Result<Vec<PoolAdvert>> {
@@ -233,6 +238,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
         telemetry: meridian_adapters::telemetry::Telemetry::from_env("meridian-agent")
             .map_err(anyhow::Error::msg)?,
         report: Arc::new(Mutex::new(None)),
+        defer_sync: false,
     };
     agent.take_back_leftovers();
     if let Some(addr) = &site.agent.metrics_listen {
@@ -270,7 +276,17 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     loop {
         tokio::select! {
-            Some(m) = offers.next() => agent.on_offer(m).await,
+            Some(m) = offers.next() => {
+                // The offers already here are answered together: one flush of their updates, not one each.
+                let mut burst = vec![m];
+                while burst.len() < OFFER_BURST {
+                    match futures::FutureExt::now_or_never(offers.next()) {
+                        Some(Some(m)) => burst.push(m),
+                        _ => break,
+                    }
+                }
+                agent.on_offers(burst).await;
+            }
             Some(m) = cancels.next() => agent.on_cancel(&m.payload),
             Some(m) = logs.next() => agent.on_logs(m).await,
             Some(m) = inventory_asks.next() => {
@@ -581,7 +597,12 @@ impl Agent {
         };
         match self.outbox.lock() {
             Ok(mut o) => {
-                if let Err(e) = o.push(update) {
+                let stored = if self.defer_sync {
+                    o.push_unsynced(update)
+                } else {
+                    o.push(update)
+                };
+                if let Err(e) = stored {
                     tracing::error!("status outbox: could not store an update for {job}: {e}");
                 }
             }
@@ -590,17 +611,37 @@ impl Agent {
         self.wake.notify_one();
     }
 
-    async fn on_offer(&mut self, m: async_nats::Message) {
-        let Some(reply_to) = m.reply.clone() else {
-            return;
-        };
+    /// Answers a burst of offers: each is decided and started in turn, their status updates are forced to disk
+    /// once, then every reply is sent (an accepted offer's update is on disk before its reply leaves).
+    async fn on_offers(&mut self, burst: Vec<async_nats::Message>) {
+        self.defer_sync = true;
+        let replies: Vec<_> = burst.into_iter().filter_map(|m| self.on_offer(m)).collect();
+        self.defer_sync = false;
+        match self.outbox.lock() {
+            Ok(o) => {
+                if let Err(e) = o.sync() {
+                    tracing::error!("status outbox: could not force updates to disk: {e}");
+                }
+            }
+            Err(_) => tracing::error!("status outbox unusable"),
+        }
+        for (to, body) in replies {
+            self.publish(to, body).await;
+        }
+    }
+
+    /// Decides and starts one offer; returns the reply to send and where.
+    fn on_offer(
+        &mut self,
+        m: async_nats::Message,
+    ) -> Option<(String, Result<Vec<u8>, meridian_federation::WireError>)> {
+        let reply_to = m.reply.clone()?;
         let offer = match decode::<Offer>(&m.payload) {
             Ok(o) => o,
             Err(e) => {
                 tracing::warn!("refused a malformed offer: {e}");
                 let body = meridian_federation::ApiReply::<()>::err(e.to_body());
-                self.publish(reply_to.to_string(), encode(&body)).await;
-                return;
+                return Some((reply_to.to_string(), encode(&body)));
             }
         };
         let trace = m
@@ -626,10 +667,10 @@ impl Agent {
         if reply.outcome == meridian_federation::OfferOutcome::Accepted {
             reply.mark = Some(self.mark());
         }
-        self.publish(reply_to.to_string(), encode(&reply)).await;
         if start {
             self.advert_due = true;
         }
+        Some((reply_to.to_string(), encode(&reply)))
     }
 
     fn start(&mut self, offer: &Offer, trace: Option<([u8; 16], [u8; 8])>) -> anyhow::Result<()> {
