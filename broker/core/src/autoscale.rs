@@ -738,6 +738,9 @@ impl Scaler {
         let most_total = self.wanted.iter().map(|(_, t, _)| *t).max().unwrap_or(0);
         let mut allowance = most_total.saturating_sub(total);
         let mut kept = BTreeMap::new();
+        if allowance == 0 {
+            return kept;
+        }
         for i in removal_order(offers).into_iter().rev() {
             if allowance == 0 {
                 break;
@@ -745,6 +748,9 @@ impl Scaler {
             let key = &offers[i].key;
             let have = present.get(key).map_or(0, |p| p.total());
             let now_wanted = want.replicas.get(key).copied().unwrap_or(0);
+            if have <= now_wanted {
+                continue;
+            }
             let most = self
                 .wanted
                 .iter()
