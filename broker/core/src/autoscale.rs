@@ -300,12 +300,29 @@ fn preference(offers: &[Offer], within: &[Cand], objective: Objective) -> Vec<us
     out
 }
 
+/// How much better (under the objective, per unit served) an offer must be than one whose replicas run now for
+/// new replicas to go there instead: without it, every small change of demand would move replicas between pools
+/// of nearly the same worth, each move paying a replica's start-up.
+pub const STICKINESS: f64 = 0.15;
+
 /// Where replicas should be for `demand` (see the module's description).
 pub fn desired(
     offers: &[Offer],
     demand: &[LocationDemand],
     rtt: &RttTable,
     s: &Settings,
+) -> Desired {
+    desired_from(offers, demand, rtt, s, &BTreeMap::new())
+}
+
+/// [`desired`], given the replicas that run now (`running`, per key): new replicas go to an offer with running
+/// replicas not yet wanted unless another is better by more than [`STICKINESS`].
+pub fn desired_from(
+    offers: &[Offer],
+    demand: &[LocationDemand],
+    rtt: &RttTable,
+    s: &Settings,
+    running: &BTreeMap<ReplicaKey, u32>,
 ) -> Desired {
     let util = s.utilization.clamp(0.05, 1.0);
     let n = demand.len();
@@ -341,6 +358,10 @@ pub fn desired(
     }
     // Replicas wanted and demand assigned, per offer; a pool's on-demand and spot offers share its room.
     let pools = Pools::of(offers);
+    let runs: Vec<u32> = offers
+        .iter()
+        .map(|o| running.get(&o.key).copied().unwrap_or(0))
+        .collect();
     let mut count = vec![0u32; offers.len()];
     let mut load = vec![0.0f64; offers.len()];
     // The most constrained locations first, then the largest.
@@ -374,18 +395,40 @@ pub fn desired(
                 left -= take;
             }
         }
-        // Then new replicas at the best offers (by their rates per unit of throughput).
-        for &i in &candidates {
-            if left <= 1e-12 {
-                break;
+        // Then new replicas, an offer at a time: within the SLO, the best by its rates per unit of throughput,
+        // those with running replicas not yet wanted counted [`STICKINESS`] better (and taken up to those);
+        // outside it, the nearest.
+        while left > 1e-12 {
+            let open = |i: usize| offers[i].capacity > 0.0 && pools.free(i, &count) > 0;
+            let next = if out.beyond_slo[l] {
+                candidates.iter().copied().find(|i| open(*i))
+            } else {
+                let options: Vec<Cand> = candidates
+                    .iter()
+                    .copied()
+                    .filter(|i| open(*i))
+                    .map(|i| {
+                        let c = Cand::of(offers, i, rtts[l][i]);
+                        let f = if runs[i] > count[i] {
+                            1.0
+                        } else {
+                            1.0 + STICKINESS
+                        };
+                        Cand {
+                            usd: c.usd * f,
+                            g: c.g * f,
+                            ..c
+                        }
+                    })
+                    .collect();
+                preference(offers, &options, s.objective).first().copied()
+            };
+            let Some(i) = next else { break };
+            let per = offers[i].capacity * util;
+            let mut more = ((left / per).ceil() as u32).min(pools.free(i, &count));
+            if runs[i] > count[i] && !out.beyond_slo[l] {
+                more = more.min(runs[i] - count[i]);
             }
-            let o = &offers[i];
-            let per = o.capacity * util;
-            let free = pools.free(i, &count);
-            if per <= 0.0 || free == 0 {
-                continue;
-            }
-            let more = ((left / per).ceil() as u32).min(free);
             count[i] += more;
             let take = spare(i, &count, &load).min(left);
             load[i] += take;
@@ -397,6 +440,20 @@ pub fn desired(
         }
         out.unserved[l] = left.max(0.0);
     }
+    let mut packing = Packing {
+        offers,
+        pools: &pools,
+        runs: &runs,
+        reach: &out.reach,
+        served: &mut out.served,
+        count: &mut count,
+        load: &mut load,
+        util,
+        objective: s.objective,
+    };
+    packing.consolidate();
+    packing.right_size();
+    packing.consolidate();
     clamp_total(offers, &pools, demand, &rtts, s, &mut count);
     for (i, c) in count.iter().enumerate() {
         if *c > 0 {
@@ -404,6 +461,201 @@ pub fn desired(
         }
     }
     out
+}
+
+/// Demand moved by [`Packing`]: (location, to offer, amount).
+type Move = (usize, usize, f64);
+
+/// The replicas wanted and the demand each serves, as placing location by location left them, and the two
+/// passes that tighten them. Placing location by location leaves each pool's last replica part empty: where
+/// other replicas wanted have spare throughput within the SLO of the locations a last replica serves, it is
+/// given up ([`Packing::consolidate`]); where a small replica elsewhere within reach serves what a large one
+/// would mostly idle for, for less under the objective, it takes its place ([`Packing::right_size`]). Demand
+/// served outside the SLO stays where it is.
+struct Packing<'a> {
+    offers: &'a [Offer],
+    pools: &'a Pools,
+    /// Per offer: replicas running now.
+    runs: &'a [u32],
+    reach: &'a [Vec<usize>],
+    served: &'a mut [Vec<(usize, f64)>],
+    count: &'a mut [u32],
+    load: &'a mut [f64],
+    util: f64,
+    objective: Objective,
+}
+
+impl Packing<'_> {
+    fn per(&self, i: usize) -> f64 {
+        self.offers[i].capacity * self.util
+    }
+
+    /// What offer `i`'s last replica serves: the load its other replicas could not hold.
+    fn excess(&self, i: usize) -> f64 {
+        self.load[i] - f64::from(self.count[i].saturating_sub(1)) * self.per(i)
+    }
+
+    fn spare(&self, j: usize) -> f64 {
+        (f64::from(self.count[j]) * self.per(j) - self.load[j]).max(0.0)
+    }
+
+    /// The offers with replicas, the emptiest last replica first, then in removal order.
+    fn emptiest_first(&self) -> Vec<usize> {
+        let mut rank = vec![0usize; self.offers.len()];
+        for (r, i) in removal_order(self.offers).into_iter().enumerate() {
+            rank[i] = r;
+        }
+        let mut order: Vec<usize> = (0..self.offers.len())
+            .filter(|i| self.count[*i] > 0)
+            .collect();
+        order.sort_by(|a, b| {
+            self.excess(*a)
+                .total_cmp(&self.excess(*b))
+                .then(rank[*a].cmp(&rank[*b]))
+        });
+        order
+    }
+
+    /// Gives up every last replica whose load fits in the spare throughput of the other replicas wanted.
+    fn consolidate(&mut self) {
+        loop {
+            let mut dropped = false;
+            for i in self.emptiest_first() {
+                while self.count[i] > 0 {
+                    let Some(moves) = self.moves(i, None) else {
+                        break;
+                    };
+                    self.apply(i, &moves);
+                    self.count[i] -= 1;
+                    dropped = true;
+                }
+            }
+            if !dropped {
+                return;
+            }
+        }
+    }
+
+    /// Replaces last replicas by fewer-cost (under the objective) replicas of another offer within reach of the
+    /// locations they serve, where that offer's spare and new replicas take the whole load.
+    fn right_size(&mut self) {
+        for i in self.emptiest_first() {
+            if self.count[i] == 0 {
+                continue;
+            }
+            let x = self.excess(i);
+            let here = self.offers[i].clone();
+            let sticky = |j: usize, count: &[u32]| {
+                if self.runs[j] >= count[j] {
+                    1.0
+                } else {
+                    1.0 + STICKINESS
+                }
+            };
+            let f = sticky(i, self.count);
+            let mut options = vec![Cand {
+                i,
+                rtt: 0.0,
+                usd: here.usd_per_hour * f,
+                g: here.g_co2_per_hour * f,
+            }];
+            let mut adds: BTreeMap<usize, (u32, Vec<Move>)> = BTreeMap::new();
+            for j in 0..self.offers.len() {
+                if j == i || self.per(j) <= 0.0 {
+                    continue;
+                }
+                let k = ((x - self.spare(j)).max(0.0) / self.per(j) - 1e-9)
+                    .ceil()
+                    .max(0.0) as u32;
+                let shares_pool = self.pools.of[j].contains(&i);
+                let free = self.pools.free(j, self.count) + u32::from(shares_pool);
+                if k == 0 || k > free {
+                    continue;
+                }
+                let Some(moves) = self.moves(i, Some((j, f64::from(k) * self.per(j)))) else {
+                    continue;
+                };
+                let o = &self.offers[j];
+                let mut after = self.count.to_vec();
+                after[j] += k;
+                let f = sticky(j, &after);
+                options.push(Cand {
+                    i: j,
+                    rtt: 0.0,
+                    usd: f64::from(k) * o.usd_per_hour * f,
+                    g: f64::from(k) * o.g_co2_per_hour * f,
+                });
+                adds.insert(j, (k, moves));
+            }
+            let best = preference(self.offers, &options, self.objective)
+                .first()
+                .copied()
+                .unwrap_or(i);
+            if let Some((k, moves)) = adds.remove(&best) {
+                self.count[best] += k;
+                self.apply(i, &moves);
+                self.count[i] -= 1;
+            }
+        }
+    }
+
+    /// The moves `(location, offer, amount)` that take offer `i`'s last replica's load: to the spare of the
+    /// other replicas wanted within each location's reach, or, with `to = (j, extra)`, to offer `j` alone, with
+    /// `extra` more throughput there. `None` if the load does not all fit.
+    fn moves(&self, i: usize, to: Option<(usize, f64)>) -> Option<Vec<Move>> {
+        let mut excess = self.excess(i);
+        let mut moves = Vec::new();
+        let mut taken: BTreeMap<usize, f64> = BTreeMap::new();
+        for (l, by) in self.served.iter().enumerate() {
+            if excess <= 1e-9 {
+                break;
+            }
+            let Some(&(_, here)) = by.iter().find(|(j, _)| *j == i) else {
+                continue;
+            };
+            if !self.reach[l].contains(&i) {
+                continue;
+            }
+            let mut movable = here.min(excess);
+            for &j in &self.reach[l] {
+                if movable <= 1e-9 {
+                    break;
+                }
+                let extra = match to {
+                    Some((only, extra)) if only == j => extra,
+                    Some(_) => continue,
+                    None if j == i || self.count[j] == 0 => continue,
+                    None => 0.0,
+                };
+                let already = taken.get(&j).copied().unwrap_or(0.0);
+                let amount = (self.spare(j) + extra - already).min(movable);
+                if amount > 1e-9 {
+                    moves.push((l, j, amount));
+                    *taken.entry(j).or_default() += amount;
+                    movable -= amount;
+                    excess -= amount;
+                }
+            }
+        }
+        (excess <= 1e-9).then_some(moves)
+    }
+
+    fn apply(&mut self, i: usize, moves: &[Move]) {
+        for &(l, j, amount) in moves {
+            self.load[i] -= amount;
+            self.load[j] += amount;
+            for (k, take) in self.served[l].iter_mut() {
+                if *k == i {
+                    *take -= amount;
+                }
+            }
+            match self.served[l].iter_mut().find(|(k, _)| *k == j) {
+                Some(entry) => entry.1 += amount,
+                None => self.served[l].push((j, amount)),
+            }
+            self.served[l].retain(|(_, take)| *take > 1e-12);
+        }
+    }
 }
 
 /// Which offers share a pool (its on-demand and spot offers): room is the pool's, whichever way it is sold.
@@ -654,7 +906,11 @@ impl Scaler {
     ) -> (Desired, Vec<Change>) {
         let since = *self.since.get_or_insert(now);
         let planned = self.planned(now, measured, s);
-        let want = desired(offers, &planned, rtt, s);
+        let running: BTreeMap<ReplicaKey, u32> = present
+            .iter()
+            .map(|(k, p)| (k.clone(), p.total()))
+            .collect();
+        let want = desired_from(offers, &planned, rtt, s, &running);
         // Keys serving a location that has demand and nothing within reach now.
         let mut urgent: BTreeSet<&ReplicaKey> = BTreeSet::new();
         for (l, reach) in want.reach.iter().enumerate() {
@@ -999,6 +1255,113 @@ mod tests {
         assert_eq!(count(&d, "cloud"), 3);
         assert!(d.beyond_slo[1]);
         assert!(!d.beyond_slo[0]);
+    }
+
+    #[test]
+    fn a_last_replica_whose_load_fits_in_the_spare_of_others_within_reach_is_given_up() {
+        // Three owned pools in a row; Lyon reaches the first two, Milan the last two (checked below).
+        let offers = vec![
+            offer("dc-a", Tier::Owned, 0.0, 1.0, 10.0, 10),
+            offer("dc-b", Tier::Owned, 3.0, 1.5, 10.0, 10),
+            offer("dc-c", Tier::Owned, 6.0, 2.0, 10.0, 10),
+        ];
+        let demand = vec![at("lyon", 1.0, 5.0), at("milan", 5.0, 4.0)];
+        let mut s = settings(Objective::Cost);
+        s.slo_ms = crate::latency::estimate_rtt_ms(
+            GeoPoint {
+                lat: 40.0,
+                lon: 0.0,
+            },
+            GeoPoint {
+                lat: 40.0,
+                lon: 3.5,
+            },
+        );
+        let d = desired(&offers, &demand, &RttTable::default(), &s);
+        assert_eq!(d.reach[0].len(), 2, "lyon reaches dc-a and dc-b");
+        assert_eq!(d.reach[1].len(), 2, "milan reaches dc-b and dc-c");
+        // Location by location, Lyon opens dc-a and Milan dc-b; dc-b's spare holds Lyon too, so one replica
+        // serves both.
+        assert_eq!(count(&d, "dc-a"), 0);
+        assert_eq!(count(&d, "dc-b"), 1);
+        assert_eq!(count(&d, "dc-c"), 0);
+        let served: f64 = d.served.iter().flatten().map(|(_, r)| r).sum();
+        assert!(
+            (served - 9.0).abs() < 1e-9,
+            "all demand still served: {served}"
+        );
+        assert!(d.served.iter().flatten().all(|(i, _)| *i == 1));
+    }
+
+    #[test]
+    fn a_small_remainder_goes_to_a_small_replica_where_that_is_worth_less() {
+        // A large replica (10/s for $9) is the cheaper per unit; a small one (2/s for $5) the cheaper whole.
+        let mut small = offer("dc-small", Tier::Owned, -75.0, 5.0, 50.0, 10);
+        small.capacity = 2.0;
+        let offers = vec![offer("dc-big", Tier::Owned, -75.0, 9.0, 90.0, 10), small];
+        for objective in [Objective::Cost, Objective::Carbon, Objective::Knee] {
+            let plan = |rate: f64| {
+                let d = desired(
+                    &offers,
+                    &[at("new-york", -74.0, rate)],
+                    &RttTable::default(),
+                    &settings(objective),
+                );
+                assert!(d.unserved[0] < 1e-9, "{objective:?} at {rate}");
+                (count(&d, "dc-big"), count(&d, "dc-small"))
+            };
+            assert_eq!(
+                plan(1.0),
+                (0, 1),
+                "{objective:?}: one small replica, not a large one idle"
+            );
+            assert_eq!(
+                plan(11.0),
+                (1, 1),
+                "{objective:?}: the remainder of one large replica"
+            );
+            assert_eq!(
+                plan(15.0),
+                (2, 0),
+                "{objective:?}: three small ones would cost more than one large"
+            );
+        }
+    }
+
+    #[test]
+    fn new_replicas_stay_where_replicas_run_unless_another_pool_is_markedly_better() {
+        let plan = |usd_b: f64, running: &[(&str, u32)]| {
+            let offers = vec![
+                offer("dc-a", Tier::Owned, -75.0, 1.0, 10.0, 10),
+                offer("dc-b", Tier::Owned, -75.5, usd_b, 10.0, 10),
+            ];
+            let running: BTreeMap<ReplicaKey, u32> = running
+                .iter()
+                .filter_map(|(site, n)| {
+                    let key = offers
+                        .iter()
+                        .find(|o| o.key.site.as_str() == *site)?
+                        .key
+                        .clone();
+                    Some((key, *n))
+                })
+                .collect();
+            let d = desired_from(
+                &offers,
+                &[at("new-york", -74.0, 5.0)],
+                &RttTable::default(),
+                &settings(Objective::Cost),
+                &running,
+            );
+            (count(&d, "dc-a"), count(&d, "dc-b"))
+        };
+        assert_eq!(plan(1.1, &[]), (1, 0), "nothing runs: the cheapest");
+        assert_eq!(
+            plan(1.1, &[("dc-b", 1)]),
+            (0, 1),
+            "10% dearer is no reason to move"
+        );
+        assert_eq!(plan(1.3, &[("dc-b", 1)]), (1, 0), "30% dearer is");
     }
 
     #[test]

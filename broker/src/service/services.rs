@@ -7,8 +7,8 @@
 
 use meridian_core::access::{Denied, Principal, Verb};
 use meridian_core::autoscale::{
-    desired, offers, routes, Change, LocationDemand, Objective, Offer, Present, ReplicaKey, Scaler,
-    Settings,
+    desired_from, offers, routes, Change, LocationDemand, Objective, Offer, Present, ReplicaKey,
+    Scaler, Settings,
 };
 use meridian_core::journal::Journal;
 use meridian_core::model::{Job, Site};
@@ -426,14 +426,16 @@ impl Autoscaling {
         let none = BTreeMap::new();
         let offers = live_offers(reactor, spec, run.map_or(&none, |r| &r.held), now);
         let demand = run.map(|r| r.demand(now)).unwrap_or_default();
-        let plan = desired(&offers, &demand, reactor.rtt(), &settings(spec));
+        let have = present(reactor, spec, now);
+        let running: BTreeMap<ReplicaKey, u32> =
+            have.iter().map(|(k, p)| (k.clone(), p.total())).collect();
+        let plan = desired_from(&offers, &demand, reactor.rtt(), &settings(spec), &running);
         let mut per_key: BTreeMap<ReplicaKey, f64> = BTreeMap::new();
         for shares in &plan.served {
             for (i, rate) in shares {
                 *per_key.entry(offers[*i].key.clone()).or_default() += rate;
             }
         }
-        let have = present(reactor, spec, now);
         let replicas = live_replicas(reactor, spec)
             .filter_map(|j| {
                 let key = key_of(j, reactor.state().sites())?;
