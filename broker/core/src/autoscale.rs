@@ -305,6 +305,24 @@ fn preference(offers: &[Offer], within: &[Cand], objective: Objective) -> Vec<us
 /// of nearly the same worth, each move paying a replica's start-up.
 pub const STICKINESS: f64 = 0.15;
 
+/// The factor an offer's figures are counted at when `wanted` of its replicas are planned and `running` run:
+/// 1 while the replicas planned are running ones, `1 + STICKINESS` beyond.
+fn stickiness(running: u32, wanted: u32) -> f64 {
+    if running >= wanted {
+        1.0
+    } else {
+        1.0 + STICKINESS
+    }
+}
+
+/// Adds `amount` of a location's demand to what offer `i` serves of it.
+fn add_served(served: &mut Vec<(usize, f64)>, i: usize, amount: f64) {
+    match served.iter_mut().find(|(j, _)| *j == i) {
+        Some(entry) => entry.1 += amount,
+        None => served.push((i, amount)),
+    }
+}
+
 /// Where replicas should be for `demand` (see the module's description).
 pub fn desired(
     offers: &[Offer],
@@ -409,11 +427,7 @@ pub fn desired_from(
                     .filter(|i| open(*i))
                     .map(|i| {
                         let c = Cand::of(offers, i, rtts[l][i]);
-                        let f = if runs[i] > count[i] {
-                            1.0
-                        } else {
-                            1.0 + STICKINESS
-                        };
+                        let f = stickiness(runs[i], count[i] + 1);
                         Cand {
                             usd: c.usd * f,
                             g: c.g * f,
@@ -433,10 +447,7 @@ pub fn desired_from(
             let take = spare(i, &count, &load).min(left);
             load[i] += take;
             left -= take;
-            match out.served[l].iter_mut().find(|(j, _)| *j == i) {
-                Some(entry) => entry.1 += take,
-                None => out.served[l].push((i, take)),
-            }
+            add_served(&mut out.served[l], i, take);
         }
         out.unserved[l] = left.max(0.0);
     }
@@ -544,15 +555,17 @@ impl Packing<'_> {
                 continue;
             }
             let x = self.excess(i);
-            let here = self.offers[i].clone();
-            let sticky = |j: usize, count: &[u32]| {
-                if self.runs[j] >= count[j] {
-                    1.0
-                } else {
-                    1.0 + STICKINESS
-                }
-            };
-            let f = sticky(i, self.count);
+            let offers = self.offers;
+            let here = &offers[i];
+            let f = stickiness(self.runs[i], self.count[i]);
+            // Only offers some location served by `i` reaches can take its load.
+            let near: BTreeSet<usize> = self
+                .served
+                .iter()
+                .zip(self.reach)
+                .filter(|(by, _)| by.iter().any(|(j, _)| *j == i))
+                .flat_map(|(_, reach)| reach.iter().copied())
+                .collect();
             let mut options = vec![Cand {
                 i,
                 rtt: 0.0,
@@ -560,7 +573,7 @@ impl Packing<'_> {
                 g: here.g_co2_per_hour * f,
             }];
             let mut adds: BTreeMap<usize, (u32, Vec<Move>)> = BTreeMap::new();
-            for j in 0..self.offers.len() {
+            for j in near {
                 if j == i || self.per(j) <= 0.0 {
                     continue;
                 }
@@ -575,10 +588,8 @@ impl Packing<'_> {
                 let Some(moves) = self.moves(i, Some((j, f64::from(k) * self.per(j)))) else {
                     continue;
                 };
-                let o = &self.offers[j];
-                let mut after = self.count.to_vec();
-                after[j] += k;
-                let f = sticky(j, &after);
+                let o = &offers[j];
+                let f = stickiness(self.runs[j], self.count[j] + k);
                 options.push(Cand {
                     i: j,
                     rtt: 0.0,
@@ -587,7 +598,7 @@ impl Packing<'_> {
                 });
                 adds.insert(j, (k, moves));
             }
-            let best = preference(self.offers, &options, self.objective)
+            let best = preference(offers, &options, self.objective)
                 .first()
                 .copied()
                 .unwrap_or(i);
@@ -649,10 +660,7 @@ impl Packing<'_> {
                     *take -= amount;
                 }
             }
-            match self.served[l].iter_mut().find(|(k, _)| *k == j) {
-                Some(entry) => entry.1 += amount,
-                None => self.served[l].push((j, amount)),
-            }
+            add_served(&mut self.served[l], j, amount);
             self.served[l].retain(|(_, take)| *take > 1e-12);
         }
     }
