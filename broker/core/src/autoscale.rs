@@ -513,7 +513,10 @@ impl Packing<'_> {
     /// The offers with replicas, the emptiest last replica first, then in removal order.
     fn emptiest_first(&self) -> Vec<usize> {
         let mut rank = vec![0usize; self.offers.len()];
-        for (r, i) in removal_order(self.offers).into_iter().enumerate() {
+        for (r, i) in removal_order(self.offers, self.objective)
+            .into_iter()
+            .enumerate()
+        {
             rank[i] = r;
         }
         let mut order: Vec<usize> = (0..self.offers.len())
@@ -699,16 +702,22 @@ impl Pools {
 }
 
 /// The order in which replicas are given up (first = first removed): cloud before partner before owned, spot
-/// before on-demand, then the dearest per unit.
-fn removal_order(offers: &[Offer]) -> Vec<usize> {
+/// before on-demand, then the worst under the service's objective (per unit of throughput).
+fn removal_order(offers: &[Offer], objective: Objective) -> Vec<usize> {
+    let all: Vec<Cand> = (0..offers.len())
+        .map(|i| Cand::of(offers, i, 0.0))
+        .collect();
+    let mut rank = vec![0usize; offers.len()];
+    for (r, i) in preference(offers, &all, objective).into_iter().enumerate() {
+        rank[i] = r;
+    }
     let mut v: Vec<usize> = (0..offers.len()).collect();
     v.sort_by(|a, b| {
         let (x, y) = (&offers[*a], &offers[*b]);
         tier_rank(y.tier)
             .cmp(&tier_rank(x.tier))
             .then(y.key.spot.cmp(&x.key.spot))
-            .then(y.usd_per_unit().total_cmp(&x.usd_per_unit()))
-            .then(a.cmp(b))
+            .then(rank[*b].cmp(&rank[*a]))
     });
     v
 }
@@ -750,7 +759,7 @@ fn clamp_total(
         }
     } else if total > s.max_replicas {
         let mut over = total - s.max_replicas;
-        for i in removal_order(offers) {
+        for i in removal_order(offers, s.objective) {
             let cut = over.min(count[i]);
             count[i] -= cut;
             over -= cut;
@@ -944,7 +953,7 @@ impl Scaler {
         }
         let window_seen = now >= since + s.down_delay_ms;
         let keys: BTreeSet<&ReplicaKey> = present.keys().chain(want.replicas.keys()).collect();
-        let kept = self.kept(now, offers, present, &want, s.down_delay_ms);
+        let kept = self.kept(now, offers, present, &want, s);
         let mut changes = Vec::new();
         for key in keys {
             let from = present.get(key).map_or(0, |p| p.total());
@@ -984,9 +993,9 @@ impl Scaler {
         offers: &[Offer],
         present: &BTreeMap<ReplicaKey, Present>,
         want: &Desired,
-        delay: u64,
+        s: &Settings,
     ) -> BTreeMap<ReplicaKey, u32> {
-        let keep_from = now.saturating_sub(delay);
+        let keep_from = now.saturating_sub(s.down_delay_ms);
         let total: u32 = want.replicas.values().sum();
         self.wanted.push_back((now, total, want.replicas.clone()));
         while self.wanted.len() > 1 && self.wanted[1].0 <= keep_from {
@@ -1005,7 +1014,7 @@ impl Scaler {
         if allowance == 0 {
             return kept;
         }
-        for i in removal_order(offers).into_iter().rev() {
+        for i in removal_order(offers, s.objective).into_iter().rev() {
             if allowance == 0 {
                 break;
             }
@@ -1410,6 +1419,23 @@ mod tests {
         );
         assert_eq!(count(&d, "dc"), 5);
         assert_eq!(count(&d, "cloud"), 1);
+    }
+
+    #[test]
+    fn replicas_over_the_maximum_go_worst_first_under_the_service_s_objective() {
+        // Two cloud pools within reach: one cheap on a dirty grid, one dear on a clean one.
+        let offers = vec![
+            offer("cheap", Tier::Cloud, -76.0, 1.0, 100.0, 3),
+            offer("clean", Tier::Cloud, -77.0, 2.0, 10.0, 3),
+        ];
+        let demand = [at("east", -75.0, 48.0)];
+        for (objective, kept) in [(Objective::Cost, "cheap"), (Objective::Carbon, "clean")] {
+            let mut s = settings(objective);
+            s.max_replicas = 3;
+            let d = desired(&offers, &demand, &RttTable::default(), &s);
+            assert_eq!(d.replicas.values().sum::<u32>(), 3, "{objective:?}");
+            assert_eq!(count(&d, kept), 3, "{objective:?}: {:?}", d.replicas);
+        }
     }
 
     fn present(pairs: &[(&Offer, u32, u32)]) -> BTreeMap<ReplicaKey, Present> {
