@@ -461,6 +461,7 @@ pub fn desired_from(
         load: &mut load,
         util,
         objective: s.objective,
+        removal_rank: positions(&removal_order(offers, s.objective)),
     };
     packing.consolidate();
     packing.right_size();
@@ -494,6 +495,8 @@ struct Packing<'a> {
     load: &'a mut [f64],
     util: f64,
     objective: Objective,
+    /// Per offer: its place in [`removal_order`].
+    removal_rank: Vec<usize>,
 }
 
 impl Packing<'_> {
@@ -512,13 +515,7 @@ impl Packing<'_> {
 
     /// The offers with replicas, the emptiest last replica first, then in removal order.
     fn emptiest_first(&self) -> Vec<usize> {
-        let mut rank = vec![0usize; self.offers.len()];
-        for (r, i) in removal_order(self.offers, self.objective)
-            .into_iter()
-            .enumerate()
-        {
-            rank[i] = r;
-        }
+        let rank = &self.removal_rank;
         let mut order: Vec<usize> = (0..self.offers.len())
             .filter(|i| self.count[*i] > 0)
             .collect();
@@ -707,10 +704,7 @@ fn removal_order(offers: &[Offer], objective: Objective) -> Vec<usize> {
     let all: Vec<Cand> = (0..offers.len())
         .map(|i| Cand::of(offers, i, 0.0))
         .collect();
-    let mut rank = vec![0usize; offers.len()];
-    for (r, i) in preference(offers, &all, objective).into_iter().enumerate() {
-        rank[i] = r;
-    }
+    let rank = positions(&preference(offers, &all, objective));
     let mut v: Vec<usize> = (0..offers.len()).collect();
     v.sort_by(|a, b| {
         let (x, y) = (&offers[*a], &offers[*b]);
@@ -720,6 +714,15 @@ fn removal_order(offers: &[Offer], objective: Objective) -> Vec<usize> {
             .then(rank[*b].cmp(&rank[*a]))
     });
     v
+}
+
+/// Per index, its place in `order` (a permutation of `0..order.len()`).
+fn positions(order: &[usize]) -> Vec<usize> {
+    let mut at = vec![0usize; order.len()];
+    for (r, i) in order.iter().enumerate() {
+        at[*i] = r;
+    }
+    at
 }
 
 /// Brings the total within `min_replicas..=max_replicas`: extra replicas go to the offers that reach the most
