@@ -286,40 +286,6 @@ fn a_format_6_snapshot_plus_the_batches_after_it_is_the_whole_journal() {
     snapshot_plus_the_batches_after_it_is_the_whole_journal(6);
 }
 
-/// Format 7 paces `max_cost_premium` with a carbon price per tenant (`carbon_price_milli_usd_per_t` in the
-/// premiums it keeps). Its journal (the format 6 run under format 7) replays to exactly what its broker reported,
-/// and the paced price it rebuilds is the one its snapshot holds.
-#[test]
-fn a_format_7_journal_replays_to_exactly_what_its_broker_reported_with_a_paced_carbon_price() {
-    let batches = batches(7);
-    assert!(batches.iter().all(|b| b.format == 7));
-    let mut r = reactor(7);
-    r.replay_batches(&batches);
-    r.sanity_check().unwrap();
-    let want: Vec<JobView> = serde_json::from_str(&fixture(7, "jobs.json")).unwrap();
-    same(
-        &serde_json::to_value(job_views(&r)).unwrap(),
-        &serde_json::to_value(&want).unwrap(),
-        "",
-    );
-    let state = durable_state(&r);
-    let paced: Vec<_> = state["premiums"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|p| p[1] == "max-cost-premium=0.05")
-        .map(|p| p[2]["carbon_price_milli_usd_per_t"].clone())
-        .collect();
-    assert_eq!(paced.len(), 1, "{paced:?}");
-    assert!(paced[0].as_u64().is_some(), "{paced:?}");
-    assert!(fixture(7, "snapshot.json").contains("carbon_price_milli_usd_per_t"));
-}
-
-#[test]
-fn a_format_7_snapshot_plus_the_batches_after_it_is_the_whole_journal() {
-    snapshot_plus_the_batches_after_it_is_the_whole_journal(7);
-}
-
 /// From format 2: the snapshot, restored, plus the batches after it is exactly the state of the whole journal.
 fn snapshot_plus_the_batches_after_it_is_the_whole_journal(format: u32) {
     let batches = batches(format);

@@ -163,17 +163,10 @@ pub const BALANCED_MAX_PREMIUM_PER_JOB: f64 = 0.5;
 /// candidate of each would have cost: the premium they may still spend is `(1 + premium) × cheapest − chosen`.
 /// A premium left unspent by one job can be spent by a later one, so that the tenant's work as a whole, not each
 /// job alone, stays within the premium.
-///
-/// Under [`Rule::PacedCarbonPrice`] it also holds the carbon price the rule charges now, which [`Spent::add`]
-/// moves after each placement so that the premium spent tracks the premium allowed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Spent {
     pub chosen_micro_usd: u64,
     pub cheapest_micro_usd: u64,
-    /// The carbon price of [`Rule::PacedCarbonPrice`], milli-USD per tonne CO2e; none before its first
-    /// placement (and under every other rule). (Durable format 7.)
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub carbon_price_milli_usd_per_t: Option<u64>,
 }
 
 impl Spent {
@@ -192,45 +185,11 @@ impl Spent {
         }
     }
 
-    /// Counts a placement under `rule` that cost `chosen_micro_usd` where its cheapest candidate cost
-    /// `cheapest_micro_usd`; under [`Rule::PacedCarbonPrice`], then moves the carbon price: up while more than
-    /// [`PACE_RESERVE`] of the premium allowed so far is unspent, down while less is.
-    pub fn add(&mut self, rule: Rule, chosen_micro_usd: u64, cheapest_micro_usd: u64) {
+    pub fn add(&mut self, chosen_micro_usd: u64, cheapest_micro_usd: u64) {
         self.chosen_micro_usd = self.chosen_micro_usd.saturating_add(chosen_micro_usd);
         self.cheapest_micro_usd = self.cheapest_micro_usd.saturating_add(cheapest_micro_usd);
-        let Rule::PacedCarbonPrice(premium) = rule else {
-            return;
-        };
-        let allowed = premium * self.cheapest_micro_usd as f64 + Term::Cost.floor();
-        let spent = self.chosen_micro_usd as f64 - self.cheapest_micro_usd as f64;
-        let unspent = ((allowed - spent) / allowed).clamp(-1.0, 1.0);
-        let price = self.carbon_price() * (PACE_GAIN * (unspent - PACE_RESERVE)).exp();
-        let price = price.clamp(PACE_MIN_USD_PER_T, PACE_MAX_USD_PER_T);
-        self.carbon_price_milli_usd_per_t = Some((price * 1000.0).round() as u64);
-    }
-
-    /// The carbon price [`Rule::PacedCarbonPrice`] charges now, USD per tonne CO2e (= micro-USD per gram).
-    pub fn carbon_price(&self) -> f64 {
-        self.carbon_price_milli_usd_per_t
-            .map_or(PACE_START_USD_PER_T, |p| p as f64 / 1000.0)
     }
 }
-
-/// The carbon price [`Rule::PacedCarbonPrice`] starts from: the US EPA's 2023 social cost of carbon, USD per
-/// tonne CO2e.
-pub const PACE_START_USD_PER_T: f64 = 190.0;
-/// The range the paced carbon price moves in, USD per tonne CO2e.
-pub const PACE_MIN_USD_PER_T: f64 = 1.0;
-pub const PACE_MAX_USD_PER_T: f64 = 100_000.0;
-/// How far one placement moves the paced carbon price: by `exp(gain × (unspent − reserve))`, where `unspent` is
-/// the share of the premium allowed so far that is not spent (−1 to 1).
-pub const PACE_GAIN: f64 = 0.05;
-/// The share of the premium the paced rule aims to keep unspent, for the jobs to come.
-pub const PACE_RESERVE: f64 = 0.1;
-
-/// The first durable format whose `max_cost_premium` is [`Rule::PacedCarbonPrice`] (in earlier formats,
-/// [`Rule::LeastCarbonWithin`]).
-pub const PACED_FORMAT: u32 = 7;
 
 /// The first durable format whose `balanced` is [`Rule::Knee`] and which knows the carbon-price and
 /// cost-premium policies. A journal in an earlier format keeps the rules it was written under, so that replay
@@ -248,15 +207,8 @@ pub enum Rule {
     /// gram, so the sum is in micro-USD).
     CarbonPrice(f64),
     /// Among the candidates within the premium the tenant may still spend ([`Spent::limit`]), the least carbon
-    /// (then the least cost). `max_cost_premium` before durable format 7.
+    /// (then the least cost).
     LeastCarbonWithin(f64),
-    /// `max_cost_premium` (from durable format 7): among the candidates within the premium the tenant may still
-    /// spend ([`Spent::limit`]), the lowest `cost + price × CO2`, where the carbon price is the tenant's own
-    /// ([`Spent::carbon_price`]), moved after each placement so that the tenant's jobs together spend the
-    /// premium. The least carbon for a total cost is the lowest `cost + price × CO2` for some price, so pacing
-    /// one price spends the premium where it saves the most carbon per dollar, instead of on the first jobs
-    /// that come.
-    PacedCarbonPrice(f64),
     /// `balanced`: among the candidates within the premium the tenant may still spend ([`Spent::limit`], and at
     /// most [`BALANCED_MAX_PREMIUM_PER_JOB`] over the cheapest on one job), the lowest `cost / cost₀ + CO2 / CO2₀`
     /// (+ the latency and data terms, normalised as for weights), where `cost₀` and `CO2₀` are those of the
@@ -275,7 +227,6 @@ impl Rule {
             Policy::Balanced if format >= KNEE_FORMAT => Rule::Knee(BALANCED_MAX_PREMIUM),
             Policy::Balanced | Policy::Weights(_) => Rule::Weighted,
             Policy::CarbonPriceUsdPerT(p) => Rule::CarbonPrice(*p),
-            Policy::MaxCostPremium(p) if format >= PACED_FORMAT => Rule::PacedCarbonPrice(*p),
             Policy::MaxCostPremium(p) => Rule::LeastCarbonWithin(*p),
         }
     }
@@ -283,7 +234,7 @@ impl Rule {
     /// The premium over the cheapest candidate this rule may spend, where it has one.
     pub fn premium(self) -> Option<f64> {
         match self {
-            Rule::LeastCarbonWithin(p) | Rule::PacedCarbonPrice(p) | Rule::Knee(p) => Some(p),
+            Rule::LeastCarbonWithin(p) | Rule::Knee(p) => Some(p),
             _ => None,
         }
     }
@@ -323,18 +274,6 @@ pub fn rank(
             ],
             values.get(Term::Carbon) / 1000.0,
         ),
-        Rule::PacedCarbonPrice(_) => {
-            let priced = values.get(Term::Cost) + spent.carbon_price() * values.get(Term::Carbon);
-            (
-                vec![
-                    over,
-                    priced,
-                    values.get(Term::Carbon),
-                    values.get(Term::Latency),
-                ],
-                priced / 1e6,
-            )
-        }
         Rule::Knee(_) => {
             let share = |t: Term| (values.get(t) + t.floor()) / (cheapest.get(t) + t.floor());
             let rest: f64 = [Term::Latency, Term::Data]

@@ -45,8 +45,6 @@ impl<J: Journal> Reactor<J> {
         let Some(key) = self.premium_key(&job.spec) else {
             return;
         };
-        let policy = placement::policy_of(&job.spec, self.queue_policy(&job.spec));
-        let rule = placement::Rule::of(&policy, self.state.format());
         let cheapest = decision
             .candidates
             .iter()
@@ -55,11 +53,11 @@ impl<J: Journal> Reactor<J> {
             .filter_map(|c| c.terms.as_ref().map(|t| t.cost_micro_usd))
             .min()
             .unwrap_or(choice.terms.cost_micro_usd);
-        self.state.premiums.entry(key).or_default().add(
-            rule,
-            choice.terms.cost_micro_usd,
-            cheapest,
-        );
+        self.state
+            .premiums
+            .entry(key)
+            .or_default()
+            .add(choice.terms.cost_micro_usd, cheapest);
     }
 
     /// Why a job of `spec` would take its tenant over budget `b` (`None` if it fits): its expected spend is the

@@ -67,27 +67,6 @@ pub(super) fn decide_in_format(
     waited_ms: u64,
     format: u32,
 ) -> crate::placement::Decision {
-    decide_spent(
-        sites,
-        spec,
-        throughput,
-        index,
-        waited_ms,
-        format,
-        Default::default(),
-    )
-}
-
-/// [`decide_in_format`] for a tenant that has spent `spent` under the job's premium rule.
-pub(super) fn decide_spent(
-    sites: &BTreeMap<SiteId, Site>,
-    spec: &JobSpec,
-    throughput: &crate::throughput::Throughput,
-    index: Option<&crate::index::SiteIndex>,
-    waited_ms: u64,
-    format: u32,
-    spent: crate::placement::Spent,
-) -> crate::placement::Decision {
     let (rtt, regions) = (RttTable::default(), regions());
     let view = View {
         sites,
@@ -103,7 +82,7 @@ pub(super) fn decide_spent(
         refused: &[],
         capped: &[],
         baseline: None,
-        spent,
+        spent: Default::default(),
         queue_policy: None,
     };
     place(view, request, 0)

@@ -107,77 +107,12 @@ fn a_carbon_price_moves_work_as_the_price_rises() {
 }
 
 #[test]
-fn a_cost_premium_before_format_7_takes_the_least_carbon_within_it() {
-    let mut spec = job("k", 1);
-    let sites = sites(disagreeing());
-    let mut under = |premium: f64| {
-        spec.policy = Some(Policy::MaxCostPremium(premium));
-        let d = decide_in_format(&sites, &spec, &Default::default(), None, 0, 6);
-        chosen_site(&d.outcome).to_owned()
-    };
-    assert_eq!(under(0.0), "coal-cheap");
-    assert_eq!(under(0.04), "coal-cheap");
-    assert_eq!(under(0.05), "gas-mid");
-    assert_eq!(under(0.5), "hydro-dear");
-}
-
-/// From format 7, `max_cost_premium` charges the tenant's paced carbon price within what it may still spend:
-/// gas saves carbon against coal at $521/t, hydro against gas at $3,846/t (see the carbon-price test).
-#[test]
-fn a_cost_premium_charges_its_paced_carbon_price_within_what_may_still_be_spent() {
-    use crate::placement::{Rule, Spent, PACED_FORMAT, PACE_START_USD_PER_T};
-    let sites = sites(disagreeing());
-    let mut index = crate::index::SiteIndex::default();
-    for s in sites.values() {
-        index.update(s, &Default::default());
-    }
-    let priced = |usd_per_t: u64| Spent {
-        carbon_price_milli_usd_per_t: Some(usd_per_t * 1000),
-        ..Spent::default()
-    };
-    let mut spec = job("k", 1);
-    let mut under = |premium: f64, spent: Spent| {
-        spec.policy = Some(Policy::MaxCostPremium(premium));
-        let go = |index| {
-            let d = decide_spent(
-                &sites,
-                &spec,
-                &Default::default(),
-                index,
-                0,
-                PACED_FORMAT,
-                spent,
-            );
-            chosen_site(&d.outcome).to_owned()
-        };
-        let (scan, indexed) = (go(None), go(Some(&index)));
-        assert_eq!(scan, indexed);
-        scan
-    };
-    // A tenant's first job: the starting price ($190/t) buys no saving here, whatever the premium.
-    assert_eq!(Spent::default().carbon_price(), PACE_START_USD_PER_T);
-    assert_eq!(under(0.5, Spent::default()), "coal-cheap");
-    assert_eq!(under(0.5, priced(1000)), "gas-mid");
-    assert_eq!(under(0.5, priced(10_000)), "hydro-dear");
-    // Nothing saved yet and a 5% premium: hydro (40% dearer) is beyond it, however high the price.
-    assert_eq!(under(0.05, priced(10_000)), "gas-mid");
-
-    // The price rises while the premium allowed goes unspent and falls once it is overspent.
-    let rule = Rule::of(&Policy::MaxCostPremium(0.05), PACED_FORMAT);
-    let mut s = Spent::default();
-    for _ in 0..20 {
-        s.add(rule, 1_000_000, 1_000_000);
-    }
-    let risen = s.carbon_price();
-    assert!(risen > PACE_START_USD_PER_T * 2.0, "{risen}");
-    for _ in 0..20 {
-        s.add(rule, 1_400_000, 1_000_000);
-    }
-    assert!(s.carbon_price() < risen, "{} !< {risen}", s.carbon_price());
-    // Other rules keep no price.
-    let mut other = Spent::default();
-    other.add(Rule::of(&Policy::Balanced, PACED_FORMAT), 1, 1);
-    assert_eq!(other.carbon_price_milli_usd_per_t, None);
+fn a_cost_premium_takes_the_least_carbon_within_it() {
+    let same = |s: &str| (s.to_owned(), s.to_owned());
+    assert_eq!(under(Policy::MaxCostPremium(0.0)), same("coal-cheap"));
+    assert_eq!(under(Policy::MaxCostPremium(0.04)), same("coal-cheap"));
+    assert_eq!(under(Policy::MaxCostPremium(0.05)), same("gas-mid"));
+    assert_eq!(under(Policy::MaxCostPremium(0.5)), same("hydro-dear"));
 }
 
 #[test]
@@ -565,14 +500,14 @@ fn a_queue_policy_places_the_jobs_that_name_none() {
         [[queues]]
         name = "team-a"
         tenant = "team-a"
-        policy = "balanced"
+        policy = { max_cost_premium = 0.5 }
     "#;
     let mut env = TestEnv::new(disagreeing());
     env.set_tenancy(tenancy);
     let mut spec = job("k", 1);
     spec.policy = None;
     env.submit(spec);
-    assert_eq!(env.take_offers()[0].site.as_str(), "gas-mid");
+    assert_eq!(env.take_offers()[0].site.as_str(), "hydro-dear");
     let mut spec = job("own", 1);
     spec.policy = Some(Policy::Cost);
     env.submit(spec);
@@ -584,7 +519,7 @@ fn a_queue_policy_places_the_jobs_that_name_none() {
             .keys()
             .map(|(_, p)| p.as_str())
             .collect::<Vec<_>>(),
-        ["balanced"]
+        ["max-cost-premium=0.5"]
     );
 
     let mut old = crate::reactor::Reactor::new(
@@ -610,7 +545,7 @@ fn a_queue_policy_places_the_jobs_that_name_none() {
         )
         .unwrap_err();
     assert!(err.to_string().contains("upgrade-format"), "{err}");
-    let bad = tenancy.replace("\"balanced\"", "{ max_cost_premium = -1 }");
+    let bad = tenancy.replace("0.5", "-1");
     assert!(crate::quota::Tenancy::from_toml(&bad)
         .unwrap_err()
         .to_string()
