@@ -5,6 +5,7 @@
 //! never regenerated):
 //!   MERIDIAN_FIXTURE_DIR=broker/core/tests/fixtures/format-N \
 //!     cargo test -p meridian-e2e --test format_fixture -- --ignored --nocapture
+//! A relative folder is taken from the workspace root (cargo runs the test in `e2e/`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
 use meridian_broker::local::LocalOptions;
@@ -24,7 +25,7 @@ fn pinned(key: &str, site: &str, command: &str) -> Value {
 #[test]
 #[ignore = "writes a fixture; run by hand when a durable format is added"]
 fn write_a_journal_fixture_of_the_newest_format() {
-    let out = std::path::PathBuf::from(
+    let out = local::workspace_root().join(
         std::env::var("MERIDIAN_FIXTURE_DIR").expect("MERIDIAN_FIXTURE_DIR names the folder"),
     );
     std::fs::create_dir_all(&out).unwrap();
