@@ -29,9 +29,7 @@ pub struct StatusOutbox {
     /// Updates acknowledged since this agent started (part of the inventory mark: the set of attempts
     /// with an end still to deliver shrinks with it).
     acked: u64,
-    /// Update lines in the file.
-    lines: u64,
-    /// Of those, the first ones delivered (the last mark written).
+    /// The file's first update lines that are delivered (the last mark written); the rest are `queue`.
     delivered: u64,
     compact_after: u64,
 }
@@ -71,7 +69,6 @@ impl StatusOutbox {
                 .map(|(_, s)| s)
                 .collect(),
             acked: 0,
-            lines: 0,
             delivered: 0,
             compact_after,
         };
@@ -90,8 +87,7 @@ impl StatusOutbox {
     pub fn push_unsynced(&mut self, status: JobStatus) -> std::io::Result<()> {
         let mut line = encode(&status).map_err(std::io::Error::other)?;
         line.push(b'\n');
-        self.append(&line)?;
-        self.lines += 1;
+        self.append(&line, false)?;
         self.queue.push_back(status);
         Ok(())
     }
@@ -130,7 +126,8 @@ impl StatusOutbox {
         self.queue.drain(..n);
         self.acked += n as u64;
         self.delivered += n as u64;
-        if self.delivered >= self.compact_after && 2 * self.delivered >= self.lines {
+        // Delivered lines at least half of the file: at least as many as those still waiting.
+        if self.delivered >= self.compact_after && self.delivered >= self.queue.len() as u64 {
             return self.rewrite();
         }
         let mut line = serde_json::to_vec(&AckMark {
@@ -138,8 +135,7 @@ impl StatusOutbox {
         })
         .map_err(std::io::Error::other)?;
         line.push(b'\n');
-        self.append(&line)?;
-        self.sync()
+        self.append(&line, true)
     }
 
     /// Updates acknowledged since this agent started.
@@ -167,12 +163,17 @@ impl StatusOutbox {
         self.queue.is_empty()
     }
 
-    fn append(&self, line: &[u8]) -> std::io::Result<()> {
-        std::fs::OpenOptions::new()
+    /// Appends `line` to the file, forced to disk with `sync`.
+    fn append(&self, line: &[u8], sync: bool) -> std::io::Result<()> {
+        let mut f = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(&self.path)?
-            .write_all(line)
+            .open(&self.path)?;
+        f.write_all(line)?;
+        if sync {
+            f.sync_data()?;
+        }
+        Ok(())
     }
 
     /// Replaces the file by the updates still waiting (through a flushed temporary file and a rename).
@@ -186,7 +187,6 @@ impl StatusOutbox {
         }
         f.sync_data()?;
         std::fs::rename(&tmp, &self.path)?;
-        self.lines = self.queue.len() as u64;
         self.delivered = 0;
         Ok(())
     }
