@@ -158,8 +158,50 @@ fn on_a_federation_where_cost_and_carbon_disagree_balanced_trades_and_sits_on_th
             assert!(!beats(p, r), "{p} beats {r}");
         }
     }
+    // The cost premium holds on the work submitted so far, and buys within 1% of the least carbon of any sweep
+    // point that costs at most 5% more than `cost` and holds that premium too.
+    let premium = |r: &Value| r["max_prefix_premium"].as_f64().unwrap();
+    let m = run(&v, "max-cost-premium=0.05");
+    assert!(premium(m) <= 0.05, "{m}");
+    assert_eq!(premium(c), 0.0, "{c}");
+    let least = front
+        .iter()
+        .filter(|p| cost(p) <= 1.05 * cost(c) && premium(p) <= 0.05)
+        .map(co2)
+        .fold(f64::INFINITY, f64::min);
+    assert!(co2(m) <= 1.01 * least, "{m}\nleast {least}\n{text}");
     let svg = std::fs::read_to_string(&plot).unwrap();
     assert!(svg.contains("<polyline") && svg.contains("balanced"));
+}
+
+/// The developers' federation's front: `max_cost_premium = 0.05` emits within 1% of the least carbon of any
+/// sweep point that costs at most 5% more than the `cost` policy, and holds its premium on the work submitted
+/// so far.
+#[test]
+fn on_the_developers_federation_a_cost_premium_buys_the_carbon_the_front_offers_for_it() {
+    let trace = data("alibaba-gpu-v2023/openb_pod_list_default.csv");
+    let (text, v) = sim(&[
+        "--trace",
+        trace.to_str().unwrap(),
+        "--policy",
+        "cost,max-cost-premium=0.05",
+        "--front",
+    ]);
+    let (c, m) = (run(&v, "cost"), run(&v, "max-cost-premium=0.05"));
+    for r in [c, m] {
+        assert_eq!(r["violations"], 0, "{r}");
+        assert_eq!(r["unplaced"], 0, "{r}");
+    }
+    let front = v["front"].as_array().unwrap();
+    let least = front
+        .iter()
+        .filter(|p| cost(p) <= 1.05 * cost(c))
+        .map(co2)
+        .fold(f64::INFINITY, f64::min);
+    assert!(co2(m) <= 1.01 * least, "{m}\nleast {least}\n{text}");
+    assert!(cost(m) <= 1.05 * cost(c), "{m}\n{c}");
+    assert!(m["max_prefix_premium"].as_f64().unwrap() <= 0.05, "{m}");
+    assert!(m.get("dominated_by").is_none(), "{m}");
 }
 
 /// A trace naming models the federation lacks (undisclosed `G2`, a 32 GiB V100) finishes, and reports those jobs

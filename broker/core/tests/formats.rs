@@ -286,6 +286,30 @@ fn a_format_6_snapshot_plus_the_batches_after_it_is_the_whole_journal() {
     snapshot_plus_the_batches_after_it_is_the_whole_journal(6);
 }
 
+/// Format 7 changes a rule, not a record: `max_cost_premium` spends its premium by the knee, as `balanced` does.
+/// Its journal (the format 6 run, a job under each policy included) replays to exactly what its broker reported.
+#[test]
+fn a_format_7_journal_replays_to_exactly_what_its_broker_reported_with_the_premium_knee() {
+    let batches = batches(7);
+    assert!(batches.iter().all(|b| b.format == 7));
+    assert!(fixture(7, "journal.jsonl").contains("max_cost_premium"));
+    let mut r = reactor(7);
+    r.replay_batches(&batches);
+    r.sanity_check().unwrap();
+    let want: Vec<JobView> = serde_json::from_str(&fixture(7, "jobs.json")).unwrap();
+    assert_eq!(want.len(), 14);
+    same(
+        &serde_json::to_value(job_views(&r)).unwrap(),
+        &serde_json::to_value(&want).unwrap(),
+        "",
+    );
+}
+
+#[test]
+fn a_format_7_snapshot_plus_the_batches_after_it_is_the_whole_journal() {
+    snapshot_plus_the_batches_after_it_is_the_whole_journal(7);
+}
+
 /// From format 2: the snapshot, restored, plus the batches after it is exactly the state of the whole journal.
 fn snapshot_plus_the_batches_after_it_is_the_whole_journal(format: u32) {
     let batches = batches(format);

@@ -131,6 +131,10 @@ pub struct RunReport {
     /// With `--front`: the sweep points that beat this run on both cost and kgCO2e by more than 1%.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub dominated_by: Vec<String>,
+    /// With `--front`: the most this run's bill ran over the `cost` policy's for the same jobs, over every
+    /// prefix of the jobs in submission order, as a fraction (see [`max_prefix_premium`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_prefix_premium: Option<f64>,
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -165,6 +169,39 @@ pub struct FrontPoint {
     pub cost_usd: f64,
     pub co2_kg: f64,
     pub violations: usize,
+    /// As [`RunReport::max_prefix_premium`].
+    pub max_prefix_premium: f64,
+}
+
+/// What each job was billed in a run (micro-USD, all its attempts), by job index.
+pub fn bills(jobs: usize, schedule: &[engine::ScheduleEntry]) -> Vec<u64> {
+    let mut out = vec![0u64; jobs];
+    for e in schedule {
+        out[e.job] = out[e.job].saturating_add(e.metered.cost_micro_usd);
+    }
+    out
+}
+
+/// The most a run's bill ran over a reference run's for the same jobs, over every prefix of the jobs in
+/// submission order: `max over k of Σ_{i≤k} run[i] / Σ_{i≤k} reference[i] − 1` (prefixes the reference billed
+/// nothing for are skipped). A placement that holds a cost premium on the work submitted so far — all a broker
+/// can know when it places — keeps this at most that premium over the reference; one that overspends early to
+/// make it back later does not.
+pub fn max_prefix_premium(order: &[usize], run: &[u64], reference: &[u64]) -> f64 {
+    let (mut a, mut b) = (0u128, 0u128);
+    let mut worst = f64::NEG_INFINITY;
+    for &i in order {
+        a += u128::from(run[i]);
+        b += u128::from(reference[i]);
+        if b > 0 {
+            worst = worst.max(a as f64 / b as f64 - 1.0);
+        }
+    }
+    if worst.is_finite() {
+        worst
+    } else {
+        0.0
+    }
 }
 
 /// The job spec a trace task becomes: its GPUs (or share), its duration on the reference model, and its
@@ -605,21 +642,37 @@ pub fn simulate(opts: &SimOptions) -> anyhow::Result<Simulated> {
     }
     let mut front = Vec::new();
     if opts.front {
+        // The `cost` policy's bill per job: what each run's premium over the work so far is counted against.
+        let cost_name = Ranking::Policy(Policy::Cost).name();
+        let reference = match schedules.iter().find(|(name, _)| *name == cost_name) {
+            Some((_, schedule)) => bills(jobs.len(), schedule),
+            None => bills(jobs.len(), &run_one(&Ranking::Policy(Policy::Cost))?.1),
+        };
+        let mut order: Vec<usize> = (0..jobs.len()).collect();
+        order.sort_by_key(|&i| (jobs[i].arrival_ms, i));
+        let premium = |schedule: &[engine::ScheduleEntry]| {
+            round(
+                max_prefix_premium(&order, &bills(jobs.len(), schedule), &reference),
+                4,
+            )
+        };
         for price in FRONT_PRICES {
-            let (r, _) = run_one(&Ranking::Policy(Policy::CarbonPriceUsdPerT(price)))?;
+            let (r, schedule) = run_one(&Ranking::Policy(Policy::CarbonPriceUsdPerT(price)))?;
             front.push(FrontPoint {
                 carbon_price_usd_per_t: price,
                 cost_usd: r.cost_usd,
                 co2_kg: r.co2_kg,
                 violations: r.violations,
+                max_prefix_premium: premium(&schedule),
             });
         }
-        for r in &mut runs {
+        for (r, (_, schedule)) in runs.iter_mut().zip(&schedules) {
             r.dominated_by = front
                 .iter()
                 .filter(|p| p.cost_usd < 0.99 * r.cost_usd && p.co2_kg < 0.99 * r.co2_kg)
                 .map(|p| format!("carbon-price={}", p.carbon_price_usd_per_t))
                 .collect();
+            r.max_prefix_premium = Some(premium(schedule));
         }
     }
     Ok((
@@ -705,6 +758,7 @@ pub fn run_report(
             Vec::new()
         },
         dominated_by: Vec::new(),
+        max_prefix_premium: None,
     }
 }
 
@@ -758,7 +812,9 @@ pub fn table(r: &SimReport) -> String {
         }
     }
     if !r.front.is_empty() {
-        s.push_str("\nFRONT (carbon price sweep)      COST $     CO2 kg  RUNS AT OR NEAR IT\n");
+        s.push_str(
+            "\nFRONT (carbon price sweep)      COST $     CO2 kg  PREFIX PREMIUM  RUNS AT OR NEAR IT\n",
+        );
         for p in &r.front {
             let near: Vec<&str> = r
                 .runs
@@ -770,24 +826,31 @@ pub fn table(r: &SimReport) -> String {
                 .map(|x| x.policy.as_str())
                 .collect();
             s.push_str(&format!(
-                "  carbon-price={:<14} {:>10.2} {:>10.1}  {}\n",
+                "  carbon-price={:<14} {:>10.2} {:>10.1}  {:>13.1}%  {}\n",
                 p.carbon_price_usd_per_t,
                 p.cost_usd,
                 p.co2_kg,
+                p.max_prefix_premium * 100.0,
                 near.join(", ")
             ));
         }
         for x in &r.runs {
             s.push_str(&format!(
-                "  {:<22} {}\n",
+                "  {:<22} {}{}\n",
                 x.policy,
                 if x.dominated_by.is_empty() {
                     "on the front: no sweep point is cheaper and cleaner by more than 1%".to_owned()
                 } else {
                     format!("beaten on both axes by {}", x.dominated_by.join(", "))
-                }
+                },
+                x.max_prefix_premium
+                    .map(|p| format!("; prefix premium {:.1}%", p * 100.0))
+                    .unwrap_or_default()
             ));
         }
+        s.push_str(
+            "  (prefix premium: the most a run's bill ran over `cost`'s for the same jobs, over every prefix of the\n   jobs in submission order)\n",
+        );
     }
     s.push_str(&format!(
         "\n{} trace rows never ran (no scheduled_time) and {} ask for no GPU: not submitted. Inference: {} requests, {} replicas.\n",
@@ -933,4 +996,26 @@ pub fn write_outputs(opts: &SimOptions, sim: &Simulated) -> anyhow::Result<()> {
         std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::max_prefix_premium;
+
+    /// A run that overspends on the first jobs and makes it back later has a low total premium but a high
+    /// prefix premium; prefixes the reference billed nothing for are skipped; the order is submission order,
+    /// not index order.
+    #[test]
+    fn the_prefix_premium_is_the_worst_overspend_on_the_work_so_far() {
+        let reference = [100, 100, 100, 100];
+        let early = [130, 100, 100, 70];
+        assert!((max_prefix_premium(&[0, 1, 2, 3], &early, &reference) - 0.3).abs() < 1e-9);
+        // The same bills with the cheap job submitted first: never over on any prefix ((70 + 130) / 200 = 1).
+        assert!(max_prefix_premium(&[3, 0, 1, 2], &early, &reference).abs() < 1e-9);
+        assert!((max_prefix_premium(&[0, 3, 1, 2], &early, &reference) - 0.3).abs() < 1e-9);
+        let steady = [105, 105, 105, 105];
+        assert!((max_prefix_premium(&[0, 1, 2, 3], &steady, &reference) - 0.05).abs() < 1e-9);
+        assert_eq!(max_prefix_premium(&[0], &[5], &[0]), 0.0);
+        assert!((max_prefix_premium(&[0, 1], &[5, 110], &[0, 100]) - 0.15).abs() < 1e-9);
+    }
 }

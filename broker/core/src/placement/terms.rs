@@ -196,6 +196,11 @@ impl Spent {
 /// places every job where it was placed.
 pub const KNEE_FORMAT: u32 = 4;
 
+/// The first durable format whose `max_cost_premium` is [`Rule::Knee`] at its own premium: the premium is spent
+/// where it buys the most carbon, as `balanced` spends its 10%, rather than on the least carbon each job can
+/// have within what is banked. A journal in an earlier format keeps [`Rule::LeastCarbonWithin`].
+pub const PREMIUM_KNEE_FORMAT: u32 = 7;
+
 /// How a policy chooses among the candidates that can take a job now (in the tier chosen from).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Rule {
@@ -207,9 +212,10 @@ pub enum Rule {
     /// gram, so the sum is in micro-USD).
     CarbonPrice(f64),
     /// Among the candidates within the premium the tenant may still spend ([`Spent::limit`]), the least carbon
-    /// (then the least cost).
+    /// (then the least cost): `max_cost_premium` before durable format 7.
     LeastCarbonWithin(f64),
-    /// `balanced`: among the candidates within the premium the tenant may still spend ([`Spent::limit`], and at
+    /// `balanced` (premium [`BALANCED_MAX_PREMIUM`]) and, from durable format 7, `max_cost_premium` (its own
+    /// premium): among the candidates within the premium the tenant may still spend ([`Spent::limit`], and at
     /// most [`BALANCED_MAX_PREMIUM_PER_JOB`] over the cheapest on one job), the lowest `cost / cost₀ + CO2 / CO2₀`
     /// (+ the latency and data terms, normalised as for weights), where `cost₀` and `CO2₀` are those of the
     /// cheapest candidate. Each term counts as a share of the job's own cheapest bill and footprint — one per
@@ -227,6 +233,7 @@ impl Rule {
             Policy::Balanced if format >= KNEE_FORMAT => Rule::Knee(BALANCED_MAX_PREMIUM),
             Policy::Balanced | Policy::Weights(_) => Rule::Weighted,
             Policy::CarbonPriceUsdPerT(p) => Rule::CarbonPrice(*p),
+            Policy::MaxCostPremium(p) if format >= PREMIUM_KNEE_FORMAT => Rule::Knee(*p),
             Policy::MaxCostPremium(p) => Rule::LeastCarbonWithin(*p),
         }
     }

@@ -107,12 +107,46 @@ fn a_carbon_price_moves_work_as_the_price_rises() {
 }
 
 #[test]
-fn a_cost_premium_takes_the_least_carbon_within_it() {
+fn a_cost_premium_buys_carbon_within_it() {
     let same = |s: &str| (s.to_owned(), s.to_owned());
     assert_eq!(under(Policy::MaxCostPremium(0.0)), same("coal-cheap"));
     assert_eq!(under(Policy::MaxCostPremium(0.04)), same("coal-cheap"));
     assert_eq!(under(Policy::MaxCostPremium(0.05)), same("gas-mid"));
     assert_eq!(under(Policy::MaxCostPremium(0.5)), same("hydro-dear"));
+}
+
+/// From format 7 a cost premium is spent where it buys the most carbon (the knee, as `balanced` spends its
+/// own): 4.5% more money for 2.5% less carbon is within a 5% premium but a bad trade, so the job stays on the
+/// cheapest site. A journal of format 6 keeps the rule it was written under: the least carbon within the
+/// premium.
+#[test]
+fn a_cost_premium_is_not_spent_on_a_small_saving_from_format_7() {
+    let adverts = vec![
+        site("a-dirty", Tier::Owned, 0.0, 0.0)
+            .gpus("A100", 8, 2.0)
+            .carbon(400)
+            .build(),
+        site("b-bit-cleaner", Tier::Owned, 0.0, 0.0)
+            .gpus("A100", 8, 2.09)
+            .carbon(390)
+            .build(),
+    ];
+    let mut spec = job("k", 1);
+    spec.policy = Some(Policy::MaxCostPremium(0.05));
+    assert_eq!(chosen_site(&choose(adverts.clone(), &spec, 0)), "a-dirty");
+    assert_eq!(
+        chosen_site(&choose_indexed(adverts.clone(), &spec, 0)),
+        "a-dirty"
+    );
+    let old = decide_in_format(
+        &sites(adverts),
+        &spec,
+        &Default::default(),
+        None,
+        0,
+        crate::placement::PREMIUM_KNEE_FORMAT - 1,
+    );
+    assert_eq!(chosen_site(&old.outcome), "b-bit-cleaner");
 }
 
 #[test]
