@@ -125,7 +125,10 @@ fn the_checker_catches_an_overfull_pool_a_replica_not_ready_a_route_beyond_the_s
     .sim;
     let l = serving::load(&opts).unwrap();
     let ctx = l.ctx(opts.start_ms, 2);
-    let out = engine::run(&ctx, engine::Scaling::Autoscaler(Objective::Knee));
+    let out = engine::run(
+        &ctx,
+        engine::Scaling::Autoscaler(Objective::Knee(meridian_core::autoscale::BALANCED_PREMIUM)),
+    );
     let points = l.city_points();
     let inputs = check::Inputs {
         fed: &l.fed,

@@ -154,12 +154,11 @@ pub enum Objective {
     Carbon,
     /// The lowest `USD + price × tCO2e`.
     CarbonPrice(f64),
-    /// The least carbon among the offers costing at most `1 + premium` times the location's cheapest.
-    LeastCarbonWithin(f64),
-    /// `balanced`: among the offers within [`BALANCED_PREMIUM`] of the location's cheapest, the lowest
-    /// `cost / cost₀ + CO2 / CO2₀` (the cheapest offer's figures): a per cent of money against a per cent of
-    /// carbon.
-    Knee,
+    /// `balanced` (premium [`BALANCED_PREMIUM`]) and `max_cost_premium` (its own): among the offers costing at
+    /// most `1 + premium` times the location's cheapest, the lowest `cost / cost₀ + CO2 / CO2₀` (the cheapest
+    /// offer's figures): a per cent of money against a per cent of carbon, as jobs under these policies are
+    /// placed.
+    Knee(f64),
     /// The nearest, then the lowest USD.
     Latency,
 }
@@ -170,10 +169,10 @@ impl Objective {
         Ok(match policy {
             Policy::Cost => Objective::Cost,
             Policy::Green => Objective::Carbon,
-            Policy::Balanced => Objective::Knee,
+            Policy::Balanced => Objective::Knee(BALANCED_PREMIUM),
             Policy::Latency => Objective::Latency,
             Policy::CarbonPriceUsdPerT(p) => Objective::CarbonPrice(*p),
-            Policy::MaxCostPremium(p) => Objective::LeastCarbonWithin(*p),
+            Policy::MaxCostPremium(p) => Objective::Knee(*p),
             Policy::Weights(_) => {
                 return Err("a service takes cost, green, balanced, latency, \
                      carbon_price_usd_per_t or max_cost_premium, not weights"
@@ -270,11 +269,8 @@ fn preference(offers: &[Offer], within: &[Cand], objective: Objective) -> Vec<us
                 Objective::Cost => [c.usd, c.g, c.rtt],
                 Objective::Carbon => [c.g, c.usd, c.rtt],
                 Objective::CarbonPrice(p) => [c.usd + p * c.g / 1e6, c.rtt, 0.0],
-                Objective::LeastCarbonWithin(p) => {
-                    [over(p), if over(p) > 0.0 { c.usd } else { c.g }, c.usd]
-                }
-                Objective::Knee => [
-                    over(BALANCED_PREMIUM),
+                Objective::Knee(p) => [
+                    over(p),
                     c.usd / cheapest.0.max(1e-12) + c.g / cheapest.1.max(1e-12),
                     c.rtt,
                 ],
@@ -1197,7 +1193,11 @@ mod tests {
             spot("cloud-b", -75.5, 1.5, 10.0, 4),
         ];
         let demand = vec![at("new-york", -74.0, 70.0)];
-        for objective in [Objective::Cost, Objective::Carbon, Objective::Knee] {
+        for objective in [
+            Objective::Cost,
+            Objective::Carbon,
+            Objective::Knee(BALANCED_PREMIUM),
+        ] {
             let d = desired(&offers, &demand, &RttTable::default(), &settings(objective));
             let want = |i: usize| d.replicas.get(&offers[i].key).copied().unwrap_or(0);
             // Seven replicas: both pools' spot first (four, then three), no pool beyond its four devices.
@@ -1251,7 +1251,7 @@ mod tests {
             &offers,
             &demand,
             &RttTable::default(),
-            &settings(Objective::Knee),
+            &settings(Objective::Knee(BALANCED_PREMIUM)),
         );
         assert_eq!(count(&knee, "dc-east-hydro"), 4);
         assert!(knee.unserved.iter().all(|u| *u == 0.0));
@@ -1319,7 +1319,11 @@ mod tests {
         let mut small = offer("dc-small", Tier::Owned, -75.0, 5.0, 50.0, 10);
         small.capacity = 2.0;
         let offers = vec![offer("dc-big", Tier::Owned, -75.0, 9.0, 90.0, 10), small];
-        for objective in [Objective::Cost, Objective::Carbon, Objective::Knee] {
+        for objective in [
+            Objective::Cost,
+            Objective::Carbon,
+            Objective::Knee(BALANCED_PREMIUM),
+        ] {
             let plan = |rate: f64| {
                 let d = desired(
                     &offers,
@@ -1737,6 +1741,13 @@ mod tests {
     fn weights_are_refused_for_a_service() {
         let w = Policy::Weights(meridian_federation::Weights::default());
         assert!(Objective::of(&w).is_err());
-        assert_eq!(Objective::of(&Policy::Balanced), Ok(Objective::Knee));
+        assert_eq!(
+            Objective::of(&Policy::Balanced),
+            Ok(Objective::Knee(BALANCED_PREMIUM))
+        );
+        assert_eq!(
+            Objective::of(&Policy::MaxCostPremium(0.05)),
+            Ok(Objective::Knee(0.05))
+        );
     }
 }

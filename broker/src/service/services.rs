@@ -89,7 +89,7 @@ pub fn settings(spec: &ServiceSpec) -> Settings {
         utilization: spec.target_utilization,
         // Validated at deployment: weights never reach here.
         objective: Objective::of(spec.policy.as_ref().unwrap_or(&Policy::Balanced))
-            .unwrap_or(Objective::Knee),
+            .unwrap_or(Objective::Knee(meridian_core::autoscale::BALANCED_PREMIUM)),
         up_delay_ms: spec.scale_up_delay_s * 1000,
         down_delay_ms: spec.scale_down_delay_s * 1000,
         window_ms: spec.demand_window_s * 1000,
