@@ -73,19 +73,25 @@ fn balanced_trades_within_its_premium_and_counts_terms_by_their_share() {
     assert_eq!(chosen_site(&old.outcome), "hydro-dear");
 }
 
-#[test]
-fn balanced_pays_no_premium_for_a_small_saving() {
-    // 9% more money for 5% less carbon is a bad trade: one per cent of cost counts as much as one of carbon.
-    let adverts = vec![
+/// Two owned A100 sites of 8 GPUs: `a-dirty` at $2.00/h on a 400 g/kWh grid, and `b-bit-cleaner` at `price`
+/// on a grid of `carbon`: a little cleaner for a little more money.
+fn a_small_saving(price: f64, carbon: u32) -> Vec<SiteAdvert> {
+    vec![
         site("a-dirty", Tier::Owned, 0.0, 0.0)
             .gpus("A100", 8, 2.0)
             .carbon(400)
             .build(),
         site("b-bit-cleaner", Tier::Owned, 0.0, 0.0)
-            .gpus("A100", 8, 2.18)
-            .carbon(380)
+            .gpus("A100", 8, price)
+            .carbon(carbon)
             .build(),
-    ];
+    ]
+}
+
+#[test]
+fn balanced_pays_no_premium_for_a_small_saving() {
+    // 9% more money for 5% less carbon is a bad trade: one per cent of cost counts as much as one of carbon.
+    let adverts = a_small_saving(2.18, 380);
     let mut spec = job("k", 1);
     spec.policy = Some(Policy::Balanced);
     assert_eq!(chosen_site(&choose(adverts.clone(), &spec, 0)), "a-dirty");
@@ -121,16 +127,7 @@ fn a_cost_premium_buys_carbon_within_it() {
 /// premium.
 #[test]
 fn a_cost_premium_is_not_spent_on_a_small_saving_from_format_7() {
-    let adverts = vec![
-        site("a-dirty", Tier::Owned, 0.0, 0.0)
-            .gpus("A100", 8, 2.0)
-            .carbon(400)
-            .build(),
-        site("b-bit-cleaner", Tier::Owned, 0.0, 0.0)
-            .gpus("A100", 8, 2.09)
-            .carbon(390)
-            .build(),
-    ];
+    let adverts = a_small_saving(2.09, 390);
     let mut spec = job("k", 1);
     spec.policy = Some(Policy::MaxCostPremium(0.05));
     assert_eq!(chosen_site(&choose(adverts.clone(), &spec, 0)), "a-dirty");
