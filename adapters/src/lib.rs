@@ -1,14 +1,18 @@
 //! Execution backends and device probes used by the site agent.
 //!
+//! - [`backend`]: the one interface the agent drives to run the attempts it accepts (submit, cancel, poll,
+//!   take back after a restart, logs), with the process and no-op backends.
 //! - [`local`]: runs a job's command as a local process group under a small supervising shim, which stops
 //!   every process of the job on a cancel, and keeps it for a restarted agent to take back.
 //! - [`device_metrics`]: the Prometheus families of the devices agents report.
 //! - [`probe`]: device discovery (NVIDIA GPUs through NVML) turned into plain pool descriptions.
 //! - [`telemetry`]: OpenTelemetry spans of job attempts, exported over OTLP/HTTP when configured.
 
+pub mod backend;
 pub mod device_metrics;
 pub mod local;
 pub mod probe;
+pub mod slurm;
 pub mod telemetry;
 
 /// Errors of adapters.
@@ -23,6 +27,10 @@ pub enum AdapterError {
         path: String,
         source: std::io::Error,
     },
+    /// The site's own scheduler or provider refused or failed the request (retryable: another site may take
+    /// the job).
+    #[error("{0}")]
+    Backend(String),
     /// No such devices or driver here (not retryable: declared pools are used instead).
     #[error("device probe {probe} unavailable: {reason}")]
     ProbeUnavailable { probe: &'static str, reason: String },

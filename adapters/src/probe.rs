@@ -36,7 +36,10 @@ pub trait DeviceProbe {
 
 /// NVIDIA GPUs through NVML. `probe` fails with `ProbeUnavailable` where the library is not installed.
 #[derive(Debug, Default)]
-pub struct NvmlProbe;
+pub struct NvmlProbe {
+    /// The NVML library to load: the system's `libnvidia-ml.so` when `None`.
+    pub library: Option<std::path::PathBuf>,
+}
 
 /// What NVML reads of one device now.
 #[derive(Clone, Debug, PartialEq)]
@@ -50,14 +53,28 @@ pub struct DeviceSample {
 }
 
 impl NvmlProbe {
+    /// NVML from this library file (a driver installed elsewhere; the tests' stand-in).
+    pub fn with_library(path: impl Into<std::path::PathBuf>) -> Self {
+        NvmlProbe {
+            library: Some(path.into()),
+        }
+    }
+
+    fn init(&self) -> Result<nvml_wrapper::Nvml, AdapterError> {
+        let mut builder = nvml_wrapper::Nvml::builder();
+        if let Some(path) = &self.library {
+            builder.lib_path(path.as_os_str());
+        }
+        builder.init().map_err(|e| AdapterError::ProbeUnavailable {
+            probe: "nvml",
+            reason: e.to_string(),
+        })
+    }
+
     /// Reads utilization and power of every NVIDIA device now; fails like `probe` where NVML is absent. A
     /// reading a device does not support is left out.
     pub fn sample(&self) -> Result<Vec<DeviceSample>, AdapterError> {
-        use nvml_wrapper::Nvml;
-        let nvml = Nvml::init().map_err(|e| AdapterError::ProbeUnavailable {
-            probe: "nvml",
-            reason: e.to_string(),
-        })?;
+        let nvml = self.init()?;
         let count = nvml.device_count().map_err(|e| AdapterError::ProbeFailed {
             probe: "nvml",
             reason: e.to_string(),
@@ -84,11 +101,7 @@ impl DeviceProbe for NvmlProbe {
     }
 
     fn probe(&self) -> Result<Vec<ProbedDevice>, AdapterError> {
-        use nvml_wrapper::Nvml;
-        let nvml = Nvml::init().map_err(|e| AdapterError::ProbeUnavailable {
-            probe: "nvml",
-            reason: e.to_string(),
-        })?;
+        let nvml = self.init()?;
         let failed = |e: nvml_wrapper::error::NvmlError| AdapterError::ProbeFailed {
             probe: "nvml",
             reason: e.to_string(),
@@ -208,7 +221,7 @@ mod tests {
     #[test]
     fn nvml_absence_is_an_error_not_a_panic() {
         // On machines without the NVIDIA driver this reports unavailability; with one, it lists devices.
-        match NvmlProbe.probe() {
+        match NvmlProbe::default().probe() {
             Ok(devices) => assert!(devices.iter().all(|d| !d.name.is_empty())),
             Err(e) => assert!(e.to_string().contains("nvml"), "{e}"),
         }

@@ -11,6 +11,8 @@ use std::time::Duration;
 #[derive(Clone)]
 pub struct Client {
     nats: async_nats::Client,
+    /// The NATS identity the calls are made under (their subjects name it).
+    caller: String,
     /// The API token, sent in each request's `Authorization` header.
     token: Option<String>,
 }
@@ -26,7 +28,11 @@ impl Client {
         let nats = access
             .connect("meridian client", Duration::from_secs(5))
             .await?;
-        Ok(Client { nats, token })
+        Ok(Client {
+            nats,
+            caller: access.caller(),
+            token,
+        })
     }
 
     /// A client of a local federation, as its operator (the administrator's token).
@@ -38,25 +44,27 @@ impl Client {
     pub fn with_token(&self, token: Option<String>) -> Self {
         Client {
             nats: self.nats.clone(),
+            caller: self.caller.clone(),
             token,
         }
     }
 
     async fn call<B: Serialize, T: DeserializeOwned>(
         &self,
-        subject: &'static str,
+        call: &'static str,
         body: &B,
     ) -> anyhow::Result<T> {
         let payload = encode(body)?;
-        self.raw(subject, payload).await
+        self.raw(call, payload).await
     }
 
-    /// One call with a body already encoded.
+    /// One call (a constant of [`api`]) with a body already encoded.
     pub async fn raw<T: DeserializeOwned>(
         &self,
-        subject: &'static str,
+        call: &'static str,
         payload: impl Into<Bytes>,
     ) -> anyhow::Result<T> {
+        let subject = api::subject(&self.caller, call);
         let mut headers = async_nats::HeaderMap::new();
         if let Some(t) = &self.token {
             headers.insert(AUTHORIZATION, format!("Bearer {t}").as_str());

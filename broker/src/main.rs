@@ -20,13 +20,18 @@ fn main() {
         .with_target(false)
         .with_writer(std::io::stderr)
         .init();
-    let code = match tokio::runtime::Builder::new_multi_thread()
+    let outcome = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .map_err(anyhow::Error::from)
-        .and_then(|rt| rt.block_on(cli::run(cli)))
-    {
+        .and_then(|rt| {
+            let r = rt.block_on(cli::run(cli));
+            // Tasks still waiting on a server that is gone do not hold up the exit.
+            rt.shutdown_timeout(std::time::Duration::from_secs(1));
+            r
+        });
+    let code = match outcome {
         Ok(true) => 0,
         Ok(false) => 1,
         Err(e) => {

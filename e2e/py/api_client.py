@@ -3,8 +3,9 @@
 Usage: api_client.py, with the access `meridian up` prints in the environment: MERIDIAN_NATS (servers),
 MERIDIAN_CA (the CA that signs them), MERIDIAN_CREDS (the client's NKey seed file `<name>.nk`, with its client
 certificate `<name>.crt` and key `<name>.key` beside it; replies arrive under the inbox prefix `_INBOX.<name>`)
-and MERIDIAN_TOKEN (sent as `Authorization: Bearer <token>` on every request). Submits a job with a misspelt field (it must be refused with the field's path),
-then good jobs, lists every job page by page through `meridian.v1.api.jobs.list`, and prints what it saw as one
+and MERIDIAN_TOKEN (sent as `Authorization: Bearer <token>` on every request). A request goes to the caller's
+own subject, `meridian.v1.api.<name>.<call>`, and its reply subject must be in the caller's own inbox. Submits a job with a misspelt field (it must be refused with the field's path),
+then good jobs, lists every job page by page through `meridian.v1.api.<name>.jobs.list`, and prints what it saw as one
 JSON line.
 """
 
@@ -28,20 +29,30 @@ async def connect():
             tls.load_cert_chain(stem + ".crt", stem + ".key")
         options["tls"] = tls
     if creds:
-        name = os.path.splitext(os.path.basename(creds))[0]
         options["nkeys_seed"] = creds
-        options["inbox_prefix"] = f"_INBOX.{name}".encode()
+    options["inbox_prefix"] = f"_INBOX.{identity()}".encode()
     return await nats.connect(servers, **options)
+
+
+def identity():
+    """The NATS identity: the credential file's stem (`anonymous` without one)."""
+    creds = os.environ.get("MERIDIAN_CREDS")
+    return os.path.splitext(os.path.basename(creds))[0] if creds else "anonymous"
+
+
+def subject(call_name):
+    """The subject on which this identity makes a call (e.g. `jobs.submit`)."""
+    return f"meridian.v1.api.{identity()}.{call_name}"
 
 
 def headers(token):
     return {"Authorization": f"Bearer {token}"} if token else None
 
 
-async def call(nc, subject, body, token=None):
+async def call(nc, call_name, body, token=None):
     token = token if token is not None else os.environ.get("MERIDIAN_TOKEN")
     reply = await nc.request(
-        subject, json.dumps(body).encode(), timeout=10, headers=headers(token)
+        subject(call_name), json.dumps(body).encode(), timeout=10, headers=headers(token)
     )
     return json.loads(reply.data)
 
@@ -63,12 +74,12 @@ async def main():
     nc = await connect()
     out = {}
     typo = await call(
-        nc, "meridian.v1.api.jobs.submit", spec("typo", constraints={"residancy": "eu"})
+        nc, "jobs.submit", spec("typo", constraints={"residancy": "eu"})
     )
     out["typo_error"] = typo.get("error")
     ids = []
     for i in range(30):
-        r = await call(nc, "meridian.v1.api.jobs.submit", spec(f"py-{i}"))
+        r = await call(nc, "jobs.submit", spec(f"py-{i}"))
         ids.append(r["ok"]["job"])
     out["submitted"] = len(ids)
     listed, pages, cursor = [], 0, None
@@ -76,7 +87,7 @@ async def main():
         req = {"v": 1, "limit": 7}
         if cursor:
             req["cursor"] = cursor
-        page = (await call(nc, "meridian.v1.api.jobs.list", req))["ok"]
+        page = (await call(nc, "jobs.list", req))["ok"]
         pages += 1
         listed += [j["job"] for j in page["jobs"]]
         cursor = page.get("next")
@@ -85,9 +96,9 @@ async def main():
     out["listed"] = len(set(listed))
     out["pages"] = pages
     out["all_submitted_listed"] = set(ids) <= set(listed)
-    bad_list = await call(nc, "meridian.v1.api.jobs.list", {"v": 1, "limt": 5})
+    bad_list = await call(nc, "jobs.list", {"v": 1, "limt": 5})
     out["bad_list_error"] = bad_list.get("error")
-    no_token = await call(nc, "meridian.v1.api.jobs.list", {"v": 1}, token="")
+    no_token = await call(nc, "jobs.list", {"v": 1}, token="")
     out["no_token_error"] = no_token.get("error")
     print(json.dumps(out))
     await nc.close()

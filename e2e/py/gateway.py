@@ -2,8 +2,8 @@
 
 Usage: gateway.py SERVICE TENANT LOCATIONS_JSON, with the access in the environment as for api_client.py
 (MERIDIAN_NATS, MERIDIAN_CA, MERIDIAN_CREDS, MERIDIAN_TOKEN: the gateway's token). Reports the locations' rates
-on `meridian.v1.api.services.demand`, sends a report with a latitude out of range (it must be refused with the
-field's path), reads the routing table on `meridian.v1.api.services.routes`, and prints what it saw as one JSON
+on `meridian.v1.api.<name>.services.demand`, sends a report with a latitude out of range (it must be refused with the
+field's path), reads the routing table on `meridian.v1.api.<name>.services.routes`, and prints what it saw as one JSON
 line.
 """
 
@@ -19,12 +19,12 @@ async def main():
     nc = await connect()
     out = {}
     report = {"v": 1, "tenant": tenant, "service": service, "locations": locations}
-    out["report"] = await call(nc, "meridian.v1.api.services.demand", report)
+    out["report"] = await call(nc, "services.demand", report)
     bad = json.loads(json.dumps(report))
     bad["locations"][0]["location"]["lat"] = 123.0
-    out["bad_report_error"] = (await call(nc, "meridian.v1.api.services.demand", bad)).get("error")
+    out["bad_report_error"] = (await call(nc, "services.demand", bad)).get("error")
     ref = {"v": 1, "tenant": tenant, "name": service}
-    out["routes"] = await call(nc, "meridian.v1.api.services.routes", ref)
+    out["routes"] = await call(nc, "services.routes", ref)
     print(json.dumps(out))
     await nc.close()
 

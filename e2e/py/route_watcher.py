@@ -3,7 +3,7 @@
 Usage: route_watcher.py SERVICE TENANT SECONDS, with the access in the environment as for api_client.py
 (MERIDIAN_TOKEN: the gateway's token; MERIDIAN_OTHER_TOKEN: another tenant's, whose watch must be refused).
 First sends a watch with a lease out of range (refused with the field named) and one with the other tenant's
-token (refused), printing each answer as a JSON line; then watches `meridian.v1.api.services.routes.watch` from
+token (refused), printing each answer as a JSON line; then watches `meridian.v1.api.<name>.services.routes.watch` from
 its own inbox, renewing the lease every 20 s, and prints every message that arrives there as a JSON line
 `{"watch": ...}` until SECONDS have passed.
 """
@@ -13,9 +13,9 @@ import json
 import os
 import sys
 
-from api_client import call, connect, headers
+from api_client import call, connect, headers, subject
 
-WATCH = "meridian.v1.api.services.routes.watch"
+WATCH = "services.routes.watch"
 
 
 async def main():
@@ -35,7 +35,7 @@ async def main():
     renew_at = 0.0
     while loop.time() < end:
         if loop.time() >= renew_at:
-            await nc.publish(WATCH, json.dumps(request).encode(), reply=inbox, headers=headers(token))
+            await nc.publish(subject(WATCH), json.dumps(request).encode(), reply=inbox, headers=headers(token))
             renew_at = loop.time() + 20
         try:
             msg = await sub.next_msg(timeout=0.5)

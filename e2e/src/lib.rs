@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 
 pub use meridian_broker::local;
 
+pub mod slurm;
+
 /// The workspace's `configs/` folder.
 pub fn configs() -> PathBuf {
     local::workspace_root().join("configs")
@@ -461,7 +463,17 @@ impl Fed {
     /// A third-party Python client (`e2e/py/SCRIPT`, nats-py) given the federation's access the way `meridian up`
     /// prints it (environment variables), with the administrator's token unless the caller sets another.
     pub fn python(&self, python: &Path, script: &str) -> std::process::Command {
-        let access = self.fed.access();
+        self.python_as(python, script, self.fed.access(), self.token.clone())
+    }
+
+    /// [`Fed::python`] under another NATS identity (a site's, another client's) and token.
+    pub fn python_as(
+        &self,
+        python: &Path,
+        script: &str,
+        access: meridian_federation::access::Access,
+        token: Option<String>,
+    ) -> std::process::Command {
         let mut cmd = std::process::Command::new(python);
         cmd.arg(local::workspace_root().join("e2e/py").join(script))
             .env("MERIDIAN_NATS", &access.nats);
@@ -474,7 +486,7 @@ impl Fed {
                 "MERIDIAN_CREDS",
                 access.creds.as_ref().map(|p| p.display().to_string()),
             ),
-            ("MERIDIAN_TOKEN", self.token.clone()),
+            ("MERIDIAN_TOKEN", token),
         ] {
             match value {
                 Some(v) => cmd.env(var, v),
@@ -503,6 +515,18 @@ impl Fed {
         }
         cmd.args(args).output().expect("run meridian")
     }
+}
+
+/// Runs a third-party script to its end, which must succeed, and reads the one JSON line it prints.
+pub fn json_output(mut cmd: std::process::Command) -> Value {
+    let out = cmd.output().expect("the script runs");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("the script prints one JSON line")
 }
 
 /// An HTTP client that trusts the federation's CA (or plain HTTP when there is none).

@@ -115,7 +115,7 @@ fn write_a_journal_fixture_of_the_newest_format() {
         page["ok"]["jobs"].clone()
     };
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let nc = rt.block_on(f.nats_as("broker-1"));
+    let nc = rt.block_on(f.nats_as("broker-1-store"));
     let js = rt.block_on(async { async_nats::jetstream::new(nc) });
     let snapshot = rt.block_on(async {
         let store = js.get_object_store("MERIDIAN_SNAPSHOTS").await.unwrap();

@@ -31,6 +31,10 @@ fn each_bad_input_gets_its_error_and_changes_nothing() {
             "resources.model",
         ),
         (json!({"constraints": {"site": "only"}}), "constraints.site"),
+        (
+            json!({"users": [{"location": {"lat": 50.1, "lon": 8.7, "alt": 100}}]}),
+            "users[0].location.alt",
+        ),
     ] {
         let mut spec = base.clone();
         for (k, v) in edit.as_object().unwrap() {
@@ -74,6 +78,82 @@ fn each_bad_input_gets_its_error_and_changes_nothing() {
         (Some("pending"), Some(true))
     );
     assert!(j["why"].as_str().unwrap().contains("no site fits"), "{j}");
+    // A job field no backend honours is refused, never ignored; a backend no site runs makes the job wait.
+    for (edit, field) in [
+        (
+            json!({"command": "true", "image": "nvcr.io/nvidia/pytorch:24.01"}),
+            "run.image",
+        ),
+        (
+            json!({"command": "true", "adapter": "kubernetes"}),
+            "run.adapter",
+        ),
+    ] {
+        let mut spec = job("backend", 1, "true");
+        spec["run"] = edit;
+        let (status, e) = refused(&f, &spec);
+        assert_eq!((status, e["field"].as_str()), (400, Some(field)), "{e}");
+    }
+    let (_, sites) = f.get("/v1/sites");
+    assert_eq!(sites["ok"][0]["backend"], "process", "{sites}");
+    let mut dry = job("dry", 1, "true");
+    dry["run"]["adapter"] = json!("noop");
+    let id = f.submit(&dry);
+    let why = f.job(&id)["why"].as_str().unwrap().to_owned();
+    assert!(
+        why.contains("backend process, the job asks for noop"),
+        "{why}"
+    );
+    let mut here = job("here", 1, "true");
+    here["run"]["adapter"] = json!("process");
+    let id = f.submit(&here);
+    f.wait_phase(&id, "succeeded", LONG);
+    // A model no pool has is named as such.
+    let mut b300 = job("b300", 1, "true");
+    b300["resources"]["models"] = json!(["B300"]);
+    let id = f.submit(&b300);
+    let why = f.job(&id)["why"].as_str().unwrap().to_owned();
+    assert!(
+        why.contains("no pool examined has the model the job allows (B300)")
+            && why.contains("A100"),
+        "{why}"
+    );
+
+    // Over HTTP/2 too, a body over the limit gets the JSON 413, not a reset stream (a third-party client,
+    // curl, with a 20 MB body sent whole and a 2 MB one sent in chunks).
+    let big = f.scratch.path().join("big.json");
+    std::fs::write(&big, vec![b' '; 20 << 20]).unwrap();
+    for chunked in [false, true] {
+        let mut curl = std::process::Command::new("curl");
+        curl.args([
+            "-sS",
+            "--http2",
+            "-o",
+            "-",
+            "-w",
+            "\n%{http_code} %{http_version}",
+        ])
+        .arg("--cacert")
+        .arg(f.ca().unwrap())
+        .args([
+            "-H",
+            &format!("Authorization: Bearer {}", f.token.clone().unwrap()),
+        ]);
+        if chunked {
+            std::fs::write(&big, vec![b' '; 2 << 20]).unwrap();
+            curl.args(["-H", "Transfer-Encoding: chunked"]);
+        }
+        let out = curl
+            .arg("--data-binary")
+            .arg(format!("@{}", big.display()))
+            .arg(format!("{}/v1/jobs", f.http()))
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{out:?}");
+        assert!(text.ends_with("413 2"), "{text}");
+        assert!(text.contains("\"code\":\"too_large\""), "{text}");
+    }
 
     // Router-level errors answer in the same JSON shape.
     for (method, path, body, status) in [
@@ -143,18 +223,9 @@ fn a_third_party_client_uses_the_nats_api() {
     );
     // A tenant's token, as a team using the API would hold.
     let token = f.create_token(Some("py"), &["submit", "watch"]);
-    let out = f
-        .python(&python, "api_client.py")
-        .env("MERIDIAN_TOKEN", &token)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let seen: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut cmd = f.python(&python, "api_client.py");
+    cmd.env("MERIDIAN_TOKEN", &token);
+    let seen = json_output(cmd);
     assert_eq!(
         seen["typo_error"]["field"], "constraints.residancy",
         "{seen}"

@@ -264,16 +264,49 @@ fn without_tls_or_with_another_cas_certificate_nothing_connects() {
     assert_eq!(f.get("/v1/sites").0, 200);
 }
 
-/// A revoked site is cut off by nats-server at once (its connections closed, and it cannot connect again),
-/// the broker treats it as lost and requeues its work, and nothing it sends is taken.
+/// A revoked site: `meridian revoke-site` has the broker tell it to stop what it was given (the agent obeys,
+/// so the requeued jobs run once; the explanation says the old attempt may still run there), treat it as lost
+/// and requeue its work; `meridian creds revoke SITE --reload PID` has nats-server close its connections
+/// within 5 s, and a copy of its credential cannot connect. `creds add client --reload` lets a client in at
+/// once; a server that holds the identities inline is not told "reloaded".
 #[test]
 fn a_revoked_site_is_cut_off_and_its_jobs_are_requeued() {
-    let mut f = two_sites();
-    let id = f.submit(&job("moves", 1, "sleep 600"));
-    let first = f.wait_phase(&id, "running", LONG);
-    let victim = first["site"].as_str().unwrap().to_owned();
+    let f = two_sites();
+    // Two jobs on the cheaper site, each writing its process id per run.
+    let pids = |key: &str| f.scratch.path().join(format!("{key}.pids"));
+    let ids: Vec<String> = ["moves-1", "moves-2"]
+        .iter()
+        .map(|key| {
+            let mut j = job(
+                key,
+                1,
+                &format!("echo $$ >> {}; exec sleep 600", pids(key).display()),
+            );
+            j["policy"] = json!("cost");
+            f.submit(&j)
+        })
+        .collect();
+    let victim = "site-a";
+    for id in &ids {
+        let running = f.wait_phase(id, "running", LONG);
+        assert_eq!(running["site"], victim, "{running}");
+    }
+    let read_pids = |key: &str| -> Vec<i32> {
+        std::fs::read_to_string(pids(key))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    };
+    f.wait_until("both runs wrote their pid", LONG, || {
+        read_pids("moves-1").len() == 1 && read_pids("moves-2").len() == 1
+    });
+    let first_runs: Vec<i32> = ["moves-1", "moves-2"]
+        .iter()
+        .map(|k| read_pids(k)[0])
+        .collect();
     // Keep a copy of the victim's credential, as a thief would.
-    let access = f.fed.access_as(&victim);
+    let access = f.fed.access_as(victim);
     let stolen = f.scratch.path().join(format!("{victim}.nk"));
     std::fs::copy(access.creds.as_ref().unwrap(), &stolen).unwrap();
     for ext in ["crt", "key"] {
@@ -283,30 +316,102 @@ fn a_revoked_site_is_cut_off_and_its_jobs_are_requeued() {
         )
         .unwrap();
     }
+
+    // The broker first: before it stops listening to the site, it tells it to stop what it was given, and an
+    // honest agent obeys, so the requeued jobs do not run twice.
     let revoked_at = Instant::now();
-    f.fed.revoke_identity(&victim).unwrap();
-    let (status, v) = f.post(&format!("/v1/admin/sites/{victim}/revoke"), b"");
-    assert_eq!(status, 200, "{v}");
-    // Its job runs elsewhere now, as a new attempt.
-    f.wait_until("the job runs on the other site", LONG, || {
-        let j = f.job(&id);
-        j["phase"] == "running" && j["site"] != victim.as_str()
-    });
+    let out = f.cli(&["revoke-site", victim]);
+    assert!(out.status.success(), "{out:?}");
+    for id in &ids {
+        f.wait_until("the job runs on the other site", LONG, || {
+            let j = f.job(id);
+            j["phase"] == "running" && j["site"] != victim
+        });
+    }
     println!(
-        "job requeued and running elsewhere {} ms after the revocation",
+        "jobs requeued and running elsewhere {} ms after the revocation",
         revoked_at.elapsed().as_millis()
+    );
+    f.wait_until("the revoked site's runs stopped", LONG, || {
+        first_runs.iter().all(|&p| !process_alive(p))
+    });
+    f.wait_until("the new runs wrote their pid", LONG, || {
+        read_pids("moves-1").len() == 2 && read_pids("moves-2").len() == 2
+    });
+    for key in ["moves-1", "moves-2"] {
+        let alive: Vec<i32> = read_pids(key)
+            .into_iter()
+            .filter(|&p| process_alive(p))
+            .collect();
+        assert_eq!(alive.len(), 1, "{key} runs once: {alive:?}");
+    }
+    // The broker cannot know the site obeyed: the explanation says the old attempt may still run there.
+    let why = f.explain(&ids[0]);
+    assert!(
+        why["history"].as_array().unwrap().iter().any(|h| h
+            .as_str()
+            .unwrap()
+            .contains("may still be running at site site-a")),
+        "{why}"
     );
     let (_, sites) = f.get("/v1/sites");
     let v_site = sites["ok"]
         .as_array()
         .unwrap()
         .iter()
-        .find(|s| s["site"] == victim.as_str())
+        .find(|s| s["site"] == victim)
         .cloned()
         .unwrap();
     assert_eq!(v_site["up"], false, "{v_site}");
-    // The stolen credential no longer connects.
+
+    // Then its credential, as the README says: `meridian creds revoke SITE --reload PID`.
+    let creds = f.fed.security.as_ref().unwrap().creds.clone();
+    let pid = f.fed.nats.nodes[0].pid().unwrap().to_string();
+    let dir = creds.to_str().unwrap();
+    let heartbeats = Arc::new(Mutex::new(Vec::<Instant>::new()));
     let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        use futures::StreamExt;
+        let nc = f.nats_as("broker-1").await;
+        let mut sub = nc
+            .subscribe(format!("meridian.v1.site.{victim}.heartbeat"))
+            .await
+            .unwrap();
+        nc.flush().await.unwrap();
+        let seen = heartbeats.clone();
+        tokio::spawn(async move {
+            let _keep = nc;
+            while sub.next().await.is_some() {
+                seen.lock().unwrap().push(Instant::now());
+            }
+        });
+    });
+    let cut_at = Instant::now();
+    let out = f.cli(&["creds", "--dir", dir, "revoke", victim, "--reload", &pid]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("servers reloaded"),
+        "{out:?}"
+    );
+    // Disconnected within 5 s: no heartbeat of the site reaches NATS after that.
+    std::thread::sleep(Duration::from_secs(8));
+    let late: Vec<Duration> = heartbeats
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|t| **t > cut_at)
+        .map(|t| t.duration_since(cut_at))
+        .collect();
+    assert!(
+        late.iter().all(|d| *d < Duration::from_secs(5)),
+        "heartbeats after the revocation: {late:?}"
+    );
+    f.wait_until("the agent is told it is no longer authorized", LONG, || {
+        let log = std::fs::read_to_string(f.fed.dir.join(format!("agent-{victim}.log")))
+            .unwrap_or_default();
+        log.contains("uthorization") || log.contains("disconnected")
+    });
+    // The stolen credential no longer connects.
     rt.block_on(async {
         let mut thief = f.fed.access();
         thief.creds = Some(stolen.clone());
@@ -315,12 +420,57 @@ fn a_revoked_site_is_cut_off_and_its_jobs_are_requeued() {
             .await
             .is_err());
     });
-    // The agent was disconnected: its log says so.
-    f.wait_until("the agent is told it is no longer authorized", LONG, || {
-        let log = std::fs::read_to_string(f.fed.dir.join(format!("agent-{victim}.log")))
-            .unwrap_or_default();
-        log.contains("uthorization") || log.contains("disconnected")
+    // A client added with --reload connects at once.
+    let out = f.cli(&[
+        "creds", "--dir", dir, "add", "client", "carol", "--reload", &pid,
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    rt.block_on(async {
+        let carol =
+            meridian_broker::client::Client::connect(&f.fed.access_as("carol"), f.token.clone())
+                .await
+                .unwrap();
+        assert_eq!(carol.sites().await.unwrap().len(), 2);
     });
+    // A server whose configuration holds the identities inline would re-read the old list: the command says
+    // so instead of "reloaded".
+    let inline_dir = f.scratch.path().join("inline");
+    std::fs::create_dir_all(&inline_dir).unwrap();
+    let reg = meridian_broker::creds::Registry::open(&creds).unwrap();
+    let conf = inline_dir.join("nats-server.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "listen: \"127.0.0.1:-1\"\n{}",
+            meridian_broker::creds::server::authorization(reg.identities())
+        ),
+    )
+    .unwrap();
+    let mut inline = meridian_broker::local::process::Managed::spawn(
+        "nats-server",
+        std::process::Command::new(meridian_broker::local::process::find_nats_server().unwrap())
+            .arg("-c")
+            .arg(&conf),
+    )
+    .unwrap();
+    let inline_pid = inline.pid().unwrap().to_string();
+    let out = f.cli(&[
+        "creds",
+        "--dir",
+        dir,
+        "add",
+        "client",
+        "dave",
+        "--reload",
+        &inline_pid,
+    ]);
+    inline.kill9();
+    assert!(!out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("not reloaded") && err.contains("does not include"),
+        "{err}"
+    );
     std::thread::sleep(Duration::from_secs(6));
     let (_, audit) = f.get("/v1/admin/audit?who=admin");
     assert!(
@@ -453,7 +603,8 @@ fn tenants_see_and_touch_only_their_own_work() {
     assert!(has(&id_of(&beta), "submit", "refused"), "{audit}");
     assert!(has(&id_of(&beta), "cancel", "refused"), "{audit}");
     assert!(has(&id_of(&alpha), "drain", "refused"), "{audit}");
-    assert!(has("anonymous", "list_jobs", "refused"), "{audit}");
+    // A call without a token is audited under the NATS identity it came from.
+    assert!(has("nats:operator", "list_jobs", "refused"), "{audit}");
     // Tenants cannot read the audit.
     assert_eq!(a.get("/v1/admin/audit").0, 403);
 }
@@ -555,7 +706,8 @@ fn an_unreadable_journal_message_leaves_the_broker_read_only_until_set_aside() {
 
     let rt = tokio::runtime::Runtime::new().unwrap();
     let seq = rt.block_on(async {
-        let nc = f.nats_as("broker-1").await;
+        // Only a broker's storage identity reaches JetStream.
+        let nc = f.nats_as("broker-1-store").await;
         let js = async_nats::jetstream::new(nc);
         let ack = js
             .publish("meridian.v1.journal", "\u{1}garbage".into())

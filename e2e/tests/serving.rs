@@ -112,19 +112,10 @@ fn replicas_follow_demand_to_each_city_and_leave_when_it_ends() {
     );
     let locations: Value =
         serde_json::from_slice::<Value>(&demand(15.0, 5.0)).unwrap()["locations"].clone();
-    let out = f
-        .python(&python, "gateway.py")
-        .env("MERIDIAN_TOKEN", &gateway)
-        .args(["chat", "acme", &locations.to_string()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let seen: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut cmd = f.python(&python, "gateway.py");
+    cmd.env("MERIDIAN_TOKEN", &gateway)
+        .args(["chat", "acme", &locations.to_string()]);
+    let seen = json_output(cmd);
     assert!(seen["report"]["ok"].is_object(), "{seen}");
     assert_eq!(
         seen["bad_report_error"]["field"], "locations[0].location.lat",

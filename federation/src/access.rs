@@ -66,6 +66,13 @@ impl Access {
         path.file_stem()?.to_str().map(str::to_owned)
     }
 
+    /// The name this process calls the API under, and whose inbox its replies arrive in: its identity, or
+    /// [`crate::subjects::api::ANONYMOUS`] without a credential (an insecure federation).
+    pub fn caller(&self) -> String {
+        self.identity()
+            .unwrap_or_else(|| crate::subjects::api::ANONYMOUS.to_owned())
+    }
+
     /// The server URLs with any user or password taken out, for logs and errors.
     pub fn display_url(&self) -> String {
         redact_url(&self.nats)
@@ -77,16 +84,17 @@ impl Access {
         &self,
         name: impl Into<String>,
     ) -> Result<async_nats::ConnectOptions, AccessError> {
-        let mut opts = async_nats::ConnectOptions::new().name(name.into());
+        let mut opts = async_nats::ConnectOptions::new()
+            .name(name.into())
+            .custom_inbox_prefix(inbox_prefix(&self.caller()));
         if let Some(ca) = &self.ca {
             opts = opts.add_root_certificates(ca.clone()).require_tls(true);
         }
         if let Some(path) = &self.creds {
             let seed = read_seed(path)?;
-            let name = self
-                .identity()
+            self.identity()
                 .ok_or_else(|| AccessError::NoName { path: path.clone() })?;
-            opts = opts.nkey(seed).custom_inbox_prefix(inbox_prefix(&name));
+            opts = opts.nkey(seed);
             let (cert, key) = (path.with_extension("crt"), path.with_extension("key"));
             if cert.exists() && key.exists() {
                 opts = opts.add_client_certificate(cert, key);
@@ -125,6 +133,22 @@ pub fn inbox_prefix(identity: &str) -> String {
     format!("_INBOX.{identity}")
 }
 
+/// Whether `reply` is an inbox of `identity` (`_INBOX.<identity>.<token>…`, no wildcard): the only subjects a
+/// broker answers a request of that identity on.
+pub fn owns_inbox(identity: &str, reply: &str) -> bool {
+    let Some(rest) = reply
+        .strip_prefix("_INBOX.")
+        .and_then(|r| r.strip_prefix(identity))
+        .and_then(|r| r.strip_prefix('.'))
+    else {
+        return false;
+    };
+    !rest.is_empty()
+        && rest
+            .split('.')
+            .all(|t| !t.is_empty() && t != "*" && t != ">" && !t.contains(char::is_whitespace))
+}
+
 /// Reads an NKey user seed file (the seed may be surrounded by blank lines or comment lines).
 pub fn read_seed(path: &Path) -> Result<String, AccessError> {
     let text = std::fs::read_to_string(path).map_err(|source| AccessError::Read {
@@ -160,6 +184,25 @@ pub fn redact_url(list: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_an_identitys_own_inbox_is_its_own() {
+        assert!(owns_inbox("edge-a", "_INBOX.edge-a.x1Yz.2"));
+        for foreign in [
+            "_INBOX.edge-ab.x",
+            "_INBOX.edge-b.x",
+            "_INBOX.edge-a",
+            "_INBOX.edge-a.",
+            "_INBOX.edge-a.>",
+            "_INBOX.edge-a.*.x",
+            "_INBOX.edge-a..x",
+            "meridian.v1.journal",
+            "$KV.MERIDIAN_LEASE.active-broker",
+            "meridian.v1.site.edge-a.offer",
+        ] {
+            assert!(!owns_inbox("edge-a", foreign), "{foreign}");
+        }
+    }
 
     #[test]
     fn passwords_are_taken_out_of_urls() {

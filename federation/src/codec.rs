@@ -103,7 +103,7 @@ fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<(T, Vec<String>), WireErro
     }
     let mut unknown = Vec::new();
     let mut de = serde_json::Deserializer::from_slice(bytes);
-    let mut note = |path: serde_ignored::Path<'_>| unknown.push(path.to_string());
+    let mut note = |path: serde_ignored::Path<'_>| unknown.push(ignored_path(&path));
     let ignoring = serde_ignored::Deserializer::new(&mut de, &mut note);
     let value: T = serde_path_to_error::deserialize(ignoring).map_err(|e| {
         let path = e.path().to_string();
@@ -118,6 +118,26 @@ fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<(T, Vec<String>), WireErro
         message: e.to_string(),
     })?;
     Ok((value, unknown))
+}
+
+/// An ignored field's path written as every other error path is: `users[0].location.alt`.
+fn ignored_path(path: &serde_ignored::Path<'_>) -> String {
+    use serde_ignored::Path;
+    match path {
+        Path::Root => String::new(),
+        Path::Seq { parent, index } => format!("{}[{index}]", ignored_path(parent)),
+        Path::Map { parent, key } => {
+            let head = ignored_path(parent);
+            if head.is_empty() {
+                key.clone()
+            } else {
+                format!("{head}.{key}")
+            }
+        }
+        Path::Some { parent }
+        | Path::NewtypeStruct { parent }
+        | Path::NewtypeVariant { parent } => ignored_path(parent),
+    }
 }
 
 /// The path an error is about: for a missing field, the field itself (serde reports the object holding it).
@@ -200,6 +220,30 @@ mod tests {
             .err()
             .map(|e| e.to_string());
         assert!(e.as_deref().is_some_and(|e| e.contains("string")), "{e:?}");
+    }
+
+    #[test]
+    fn an_unknown_field_inside_a_list_is_named_with_its_index() {
+        #[derive(Debug, serde::Deserialize)]
+        struct Location {
+            #[allow(dead_code)]
+            lat: f64,
+        }
+        #[derive(Debug, serde::Deserialize)]
+        struct User {
+            #[allow(dead_code)]
+            location: Location,
+        }
+        #[derive(Debug, serde::Deserialize)]
+        struct Users {
+            #[allow(dead_code)]
+            users: Vec<User>,
+        }
+        let (_, unknown) = parse::<Users>(
+            br#"{"users": [{"location": {"lat": 1.0}}, {"location": {"lat": 2.0, "alt": 3}}]}"#,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(unknown, vec!["users[1].location.alt".to_owned()]);
     }
 
     #[test]

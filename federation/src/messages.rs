@@ -135,6 +135,52 @@ pub struct SiteInfo {
     pub egress_micro_usd_per_gb: u64,
     #[serde(default)]
     pub datasets: Vec<Dataset>,
+    /// How the site runs the work it accepts (absent from agents of earlier releases).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<BackendKind>,
+}
+
+/// How a site runs the attempts its agent accepts: its backend, named by a site file's `[backend] kind` and a
+/// job's `run.adapter`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "nats", derive(clap::ValueEnum))]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// Each attempt runs as a process group on the agent's host, under a shim.
+    #[default]
+    #[serde(alias = "local")]
+    Process,
+    /// Attempts are accepted and reported running, and nothing is started (dry runs, measurements).
+    Noop,
+    /// Each attempt is a batch job of the site's Slurm cluster (`sbatch`), which picks the devices.
+    Slurm,
+}
+
+impl BackendKind {
+    pub const ALL: [BackendKind; 3] = [BackendKind::Process, BackendKind::Noop, BackendKind::Slurm];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendKind::Process => "process",
+            BackendKind::Noop => "noop",
+            BackendKind::Slurm => "slurm",
+        }
+    }
+
+    /// The backend a job's `run.adapter` names (`local`, the name of earlier releases, is `process`).
+    pub fn named(name: &str) -> Option<BackendKind> {
+        match name.to_ascii_lowercase().as_str() {
+            "process" | "local" => Some(BackendKind::Process),
+            "noop" => Some(BackendKind::Noop),
+            "slurm" => Some(BackendKind::Slurm),
+            _ => None,
+        }
+    }
+
+    /// Whether it runs a container image (`run.image`): none of this release's backends does.
+    pub fn runs_images(self) -> bool {
+        false
+    }
 }
 
 /// Fractional use a pool allows.
@@ -613,10 +659,12 @@ pub struct RunSpec {
     pub command: String,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
-    /// Preferred execution adapter at the site (`local` when absent).
+    /// The backend the job must run on (a [`BackendKind`] name: `process`, `noop`); any site's when absent.
+    /// Placement takes only sites that run it; a name no backend has is refused at submission.
     #[serde(default)]
     pub adapter: Option<String>,
-    /// Container image, for adapters that use one.
+    /// A container image. No backend of this release runs one, so a job naming one is refused at submission
+    /// rather than run without it.
     #[serde(default)]
     pub image: Option<String>,
 }
@@ -1151,11 +1199,12 @@ pub struct FormatView {
     pub unreadable: Option<UnreadableView>,
 }
 
-/// A journal message the broker could not read: until an administrator sets it aside, the broker answers reads
-/// and refuses every change.
+/// A stored message the broker could not read (damaged, or written by something that is not a broker). In the
+/// journal, until an administrator sets it aside, the broker answers reads and refuses every change; in the
+/// audit or the ledger, a reader leaves it out and answers with the rest.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UnreadableView {
-    /// The message's sequence in the journal stream.
+    /// The message's sequence in its stream.
     pub seq: u64,
     pub reason: String,
 }
@@ -1209,6 +1258,9 @@ pub struct ReportView {
     pub by_site: Vec<ReportRow>,
     pub by_model: Vec<ReportRow>,
     pub total: ReportRow,
+    /// Messages of the ledger (`MERIDIAN_LEDGER`) that could not be read, left out of the figures.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unreadable: Vec<UnreadableView>,
 }
 
 /// Ask for the jobs submitted from `from_ms` on (all when absent), live and archived, with what a capacity
@@ -1358,18 +1410,24 @@ pub struct AuditRequest {
     /// A credential id (a token id, `admin`, or `site:<id>`).
     #[serde(default)]
     pub who: Option<String>,
-    /// The stream sequence to go on from (a page's `next`).
+    /// The stream sequence to go on from (a page's `next`): oldest first, the entries after it.
     #[serde(default)]
     pub after_seq: Option<u64>,
     #[serde(default)]
     pub limit: Option<u32>,
+    /// Newest first: the entries before `before_seq` (a page's `next`; from the newest when absent).
+    #[serde(default)]
+    pub newest_first: bool,
+    #[serde(default)]
+    pub before_seq: Option<u64>,
 }
 
 /// One audited action or refusal.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuditEntry {
     pub at_ms: u64,
-    /// The credential id: a token's id, `admin` (the broker's bootstrap token), `site:<id>`, or `anonymous`.
+    /// The credential id: a token's id, `admin` (the broker's bootstrap token), `site:<id>`, or for a call
+    /// without a valid token `nats:<identity>` (its NATS identity) or `anonymous` (over HTTP).
     pub who: String,
     /// What was done: `submit`, `cancel`, `drain`, `scale_in`, `tenancy`, `token_create`, `site_revoke`, ...
     pub action: String,
@@ -1398,6 +1456,9 @@ fn is_one(n: &u64) -> bool {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuditPage {
     pub entries: Vec<AuditEntry>,
+    /// Messages of the trail (`MERIDIAN_AUDIT`) that could not be read, left out of this page.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unreadable: Vec<UnreadableView>,
     /// The `after_seq` of the next page, when there may be more.
     pub next: Option<u64>,
 }
@@ -1584,6 +1645,9 @@ pub struct SiteView {
     pub pools: Vec<PoolView>,
     pub last_seen_ms: u64,
     pub generation: u64,
+    /// How the site runs its work (absent for agents of earlier releases).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<BackendKind>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -102,64 +102,116 @@ pub const AUDIT: &str = "meridian.v1.audit";
 pub const BROKER_HELLO: &str = "meridian.v1.broker.hello";
 
 /// The request-reply API for programs. Each request body is shown; each reply is an [`crate::ApiReply`].
+///
+/// A caller sends a request on its own subject, `meridian.v1.api.<identity>.<call>` ([`subject`]): nats-server
+/// lets an identity publish only under its own name, so the broker knows who asks from the subject alone, and
+/// answers only into that identity's inbox (`_INBOX.<identity>.…`). The constants below are the calls.
 pub mod api {
     /// [`crate::JobSpec`] → [`crate::SubmitReply`].
-    pub const SUBMIT: &str = "meridian.v1.api.jobs.submit";
+    pub const SUBMIT: &str = "jobs.submit";
     /// [`crate::JobListRequest`] → [`crate::JobPage`]: live jobs, then archived ones, a page at a time.
-    pub const LIST_JOBS: &str = "meridian.v1.api.jobs.list";
+    pub const LIST_JOBS: &str = "jobs.list";
     /// [`crate::JobRef`] → [`crate::JobView`].
-    pub const GET_JOB: &str = "meridian.v1.api.jobs.get";
+    pub const GET_JOB: &str = "jobs.get";
     /// [`crate::JobRef`] → [`crate::ExplainView`].
-    pub const EXPLAIN: &str = "meridian.v1.api.jobs.explain";
+    pub const EXPLAIN: &str = "jobs.explain";
     /// [`crate::JobRef`] → [`crate::JobView`].
-    pub const CANCEL: &str = "meridian.v1.api.jobs.cancel";
+    pub const CANCEL: &str = "jobs.cancel";
     /// [`crate::JobRef`] → [`crate::LogsReply`].
-    pub const LOGS: &str = "meridian.v1.api.jobs.logs";
+    pub const LOGS: &str = "jobs.logs";
     /// [`crate::JobRef`] → [`crate::TimelineView`].
-    pub const TIMELINE: &str = "meridian.v1.api.jobs.timeline";
+    pub const TIMELINE: &str = "jobs.timeline";
     /// [`crate::Empty`] → `Vec<`[`crate::SiteView`]`>`.
-    pub const LIST_SITES: &str = "meridian.v1.api.sites.list";
+    pub const LIST_SITES: &str = "sites.list";
     /// [`crate::DrainRequest`] → [`crate::SiteView`].
-    pub const DRAIN: &str = "meridian.v1.api.sites.drain";
+    pub const DRAIN: &str = "sites.drain";
     /// [`crate::ScaleInRequest`] → [`crate::ScaleInReply`].
-    pub const SCALE_IN: &str = "meridian.v1.api.services.scale_in";
+    pub const SCALE_IN: &str = "services.scale_in";
     /// Deploy or replace a service (`ServiceSpec` → `ServiceView`).
-    pub const SERVICE_DEPLOY: &str = "meridian.v1.api.services.deploy";
+    pub const SERVICE_DEPLOY: &str = "services.deploy";
     /// The services the caller sees (`ServiceRef` with no name → `Vec<ServiceView>`).
-    pub const SERVICE_LIST: &str = "meridian.v1.api.services.list";
+    pub const SERVICE_LIST: &str = "services.list";
     /// One service with its replicas, demand and recent changes (`ServiceRef` → `ServiceView`).
-    pub const SERVICE_SHOW: &str = "meridian.v1.api.services.show";
+    pub const SERVICE_SHOW: &str = "services.show";
     /// Delete a service and stop its replicas (`ServiceRef` → `ScaleInReply`).
-    pub const SERVICE_DELETE: &str = "meridian.v1.api.services.delete";
+    pub const SERVICE_DELETE: &str = "services.delete";
     /// A gateway's report of request rates per user location (`DemandReport` → `Empty`).
-    pub const SERVICE_DEMAND: &str = "meridian.v1.api.services.demand";
+    pub const SERVICE_DEMAND: &str = "services.demand";
     /// The routing table of a service (`ServiceRef` → `RoutesView`).
-    pub const SERVICE_ROUTES: &str = "meridian.v1.api.services.routes";
+    pub const SERVICE_ROUTES: &str = "services.routes";
     /// A watch of a service's routing table (`RoutesWatchRequest` → `RoutesUpdate`): the reply is the table now,
     /// and every change of it goes to the same reply subject until the lease ends; sending it again renews.
-    pub const SERVICE_ROUTES_WATCH: &str = "meridian.v1.api.services.routes.watch";
+    pub const SERVICE_ROUTES_WATCH: &str = "services.routes.watch";
     /// The metering ledger (`ReportRequest` → `ReportView`).
-    pub const REPORT: &str = "meridian.v1.api.report";
+    pub const REPORT: &str = "report";
     /// Jobs submitted in a window with their attempts, for capacity what-ifs (`HistoryRequest` →
     /// `HistoryView`; an administrator's call).
-    pub const HISTORY: &str = "meridian.v1.api.history";
+    pub const HISTORY: &str = "history";
     /// Read or replace the tenancy, with the administrator's token (`TenancyRequest` → `TenancyView`).
-    pub const TENANCY: &str = "meridian.v1.api.admin.tenancy";
+    pub const TENANCY: &str = "admin.tenancy";
     /// Read or upgrade the journal's durable format, or set aside the journal message a broker cannot read
     /// (`FormatRequest` → `FormatView`): administrators only.
-    pub const JOURNAL_FORMAT: &str = "meridian.v1.api.admin.journal.format";
+    pub const JOURNAL_FORMAT: &str = "admin.journal.format";
     /// Create an API token (`TokenCreateRequest` → `TokenCreated`): administrators only.
-    pub const TOKEN_CREATE: &str = "meridian.v1.api.admin.tokens.create";
+    pub const TOKEN_CREATE: &str = "admin.tokens.create";
     /// List API tokens (`Empty` → `Vec<TokenView>`): administrators only.
-    pub const TOKEN_LIST: &str = "meridian.v1.api.admin.tokens.list";
+    pub const TOKEN_LIST: &str = "admin.tokens.list";
     /// Revoke an API token (`TokenRevokeRequest` → `TokenView`): administrators only.
-    pub const TOKEN_REVOKE: &str = "meridian.v1.api.admin.tokens.revoke";
+    pub const TOKEN_REVOKE: &str = "admin.tokens.revoke";
     /// Revoke a site or let it back in (`SiteRevokeRequest` → `Empty`): administrators only.
-    pub const SITE_REVOKE: &str = "meridian.v1.api.admin.sites.revoke";
+    pub const SITE_REVOKE: &str = "admin.sites.revoke";
     /// Read the audit trail (`AuditRequest` → `AuditPage`): administrators only.
-    pub const AUDIT: &str = "meridian.v1.api.admin.audit";
+    pub const AUDIT: &str = "admin.audit";
+    /// Every call, for tests and tooling that go through them all.
+    pub const CALLS: [&str; 26] = [
+        SUBMIT,
+        LIST_JOBS,
+        GET_JOB,
+        EXPLAIN,
+        CANCEL,
+        LOGS,
+        TIMELINE,
+        LIST_SITES,
+        DRAIN,
+        SCALE_IN,
+        SERVICE_DEPLOY,
+        SERVICE_LIST,
+        SERVICE_SHOW,
+        SERVICE_DELETE,
+        SERVICE_DEMAND,
+        SERVICE_ROUTES,
+        SERVICE_ROUTES_WATCH,
+        REPORT,
+        HISTORY,
+        TENANCY,
+        JOURNAL_FORMAT,
+        TOKEN_CREATE,
+        TOKEN_LIST,
+        TOKEN_REVOKE,
+        SITE_REVOKE,
+        AUDIT,
+    ];
     /// All API subjects, for the broker's subscription.
     pub const ALL: &str = "meridian.v1.api.>";
+    /// An identity that names no credential (a client of an insecure broker).
+    pub const ANONYMOUS: &str = "anonymous";
+
+    /// The subject on which `identity` makes `call`.
+    pub fn subject(identity: &str, call: &str) -> String {
+        format!("meridian.v1.api.{identity}.{call}")
+    }
+
+    /// Every API subject of one identity: what its permissions let it publish.
+    pub fn of(identity: &str) -> String {
+        format!("meridian.v1.api.{identity}.>")
+    }
+
+    /// Splits an API subject into the caller's identity and the call.
+    pub fn parse(subject: &str) -> Option<(&str, &str)> {
+        let rest = subject.strip_prefix("meridian.v1.api.")?;
+        let (identity, call) = rest.split_once('.')?;
+        (!identity.is_empty() && !call.is_empty()).then_some((identity, call))
+    }
 }
 
 #[cfg(test)]
@@ -181,6 +233,22 @@ mod tests {
         assert_eq!(parse_site("meridian.v1.site.a.unknown"), None);
         assert_eq!(parse_site("other.v1.site.a.advert"), None);
         assert_eq!(parse_site("meridian.v1.site.a"), None);
+    }
+
+    #[test]
+    fn api_subjects_name_their_caller() {
+        let s = api::subject("alice", api::SUBMIT);
+        assert_eq!(s, "meridian.v1.api.alice.jobs.submit");
+        assert_eq!(api::parse(&s), Some(("alice", api::SUBMIT)));
+        assert_eq!(
+            api::parse(&api::subject("ops", api::JOURNAL_FORMAT)),
+            Some(("ops", "admin.journal.format"))
+        );
+        assert_eq!(api::parse("meridian.v1.api.alice"), None);
+        assert_eq!(api::parse("meridian.v1.site.a.advert"), None);
+        assert!(s.starts_with(api::of("alice").trim_end_matches('>')));
+        let calls: std::collections::BTreeSet<&str> = api::CALLS.into_iter().collect();
+        assert_eq!(calls.len(), api::CALLS.len(), "a call listed twice");
     }
 
     #[test]

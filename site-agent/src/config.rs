@@ -45,6 +45,23 @@ pub struct SiteFile {
     pub pools: Vec<PoolEntry>,
     #[serde(default)]
     pub agent: AgentSettings,
+    /// How the site runs the work it accepts.
+    #[serde(default)]
+    pub backend: BackendSection,
+}
+
+/// `[backend]`: how the site runs the attempts its agent accepts.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendSection {
+    /// `process` (each attempt a process group on the agent's host; the default), `slurm` (each attempt a
+    /// batch job of the site's Slurm cluster) or `noop` (accepted and reported running, nothing started).
+    /// The command line's `--executor` wins.
+    #[serde(default)]
+    pub kind: meridian_federation::BackendKind,
+    /// `[backend.slurm]`: the Slurm backend's settings (command prefix, partitions, accounts).
+    #[serde(default)]
+    pub slurm: meridian_adapters::slurm::SlurmSettings,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -212,6 +229,7 @@ impl SiteFile {
                     size_bytes: (d.size_gb.max(0.0) * 1e9) as u64,
                 })
                 .collect(),
+            backend: Some(self.backend.kind),
         })
     }
 
@@ -323,5 +341,25 @@ price_usd_per_hour = 0.8
             .expect_err("unknown")
             .to_string();
         assert!(err.contains("colour"), "{err}");
+        let err = parse_site_file(&format!("{SITE}\n[backend]\nkind = \"kubernetes\"\n"))
+            .expect_err("backend")
+            .to_string();
+        assert!(
+            err.contains("kubernetes") && err.contains("process"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_site_says_how_it_runs_its_work() {
+        let f = parse_site_file(SITE).expect("valid");
+        let a = f.advert(1, 0).expect("advert");
+        assert_eq!(
+            a.site.backend,
+            Some(meridian_federation::BackendKind::Process)
+        );
+        let f = parse_site_file(&format!("{SITE}\n[backend]\nkind = \"noop\"\n")).expect("noop");
+        let a = f.advert(1, 0).expect("advert");
+        assert_eq!(a.site.backend, Some(meridian_federation::BackendKind::Noop));
     }
 }

@@ -53,6 +53,9 @@ pub struct AgentCore {
     finished: u64,
     /// Changes of the set of attempts held (accepted, adopted, ended): part of the inventory mark.
     pub changes: u64,
+    /// Whole devices of each pool that the site's own scheduler has given to work that is not Meridian's:
+    /// advertised as in use.
+    held_by_site: BTreeMap<meridian_federation::PoolName, u32>,
 }
 
 impl AgentCore {
@@ -65,14 +68,29 @@ impl AgentCore {
             attempts: BTreeMap::new(),
             finished: 0,
             changes: 0,
+            held_by_site: BTreeMap::new(),
         }
     }
 
     pub fn advert(&self, now_ms: u64) -> SiteAdvert {
+        let mut pools = self.pools.clone();
+        // Devices the site's scheduler gave to others show as in use: the free ones with the highest indices.
+        for p in &mut pools {
+            let mut held = self.held_by_site.get(&p.name).copied().unwrap_or(0);
+            for d in p.devices.iter_mut().rev() {
+                if held == 0 {
+                    break;
+                }
+                if d.healthy && d.used_milli == 0 {
+                    d.used_milli = 1000;
+                    held -= 1;
+                }
+            }
+        }
         SiteAdvert {
             v: WIRE_VERSION,
             site: self.info.clone(),
-            pools: self.pools.clone(),
+            pools,
             generation: self.generation,
             draining: self.draining,
             sent_at_ms: now_ms,
@@ -291,6 +309,30 @@ impl AgentCore {
         self.attempts.get(&(job.clone(), attempt))
     }
 
+    /// What the site's own scheduler reports free (whole devices per pool): the devices it gave to work that
+    /// is not Meridian's are advertised as in use. Returns whether that changed.
+    pub fn site_reports_free(
+        &mut self,
+        free: &BTreeMap<meridian_federation::PoolName, u32>,
+    ) -> bool {
+        let mut changed = false;
+        for p in &self.pools {
+            let Some(&free) = free.get(&p.name) else {
+                continue;
+            };
+            let own = p.devices.iter().filter(|d| d.used_milli > 0).count() as u32;
+            let held = (p.devices.len() as u32)
+                .saturating_sub(free)
+                .saturating_sub(own);
+            let before = self.held_by_site.insert(p.name.clone(), held).unwrap_or(0);
+            changed |= before != held;
+        }
+        if changed {
+            self.generation += 1;
+        }
+        changed
+    }
+
     pub fn set_draining(&mut self, draining: bool) {
         if self.draining != draining {
             self.draining = draining;
@@ -388,6 +430,34 @@ price_usd_per_hour = 1.0
             },
             resume_from: None,
         }
+    }
+
+    /// Devices the site's scheduler gave to others are advertised in use, besides Meridian's own; the count
+    /// follows what the scheduler reports, and an unchanged report changes nothing.
+    #[test]
+    fn what_the_site_gives_others_is_advertised_in_use() {
+        let mut c = core();
+        let used = |c: &AgentCore| -> Vec<u32> {
+            c.advert(0).pools[0]
+                .devices
+                .iter()
+                .map(|d| d.used_milli)
+                .collect()
+        };
+        let free = |n: u32| BTreeMap::from([(PoolName::from("gpu"), n)]);
+        assert!(c.site_reports_free(&free(1)));
+        assert_eq!(used(&c), vec![0, 1000]);
+        let generation = c.generation;
+        assert!(!c.site_reports_free(&free(1)));
+        assert_eq!(c.generation, generation);
+        // Meridian's own attempt on device 0 is in what Slurm gave out: nothing else is held by the site.
+        c.on_offer(&offer("j1", 1, 0, 1000));
+        assert!(c.site_reports_free(&free(1)));
+        assert_eq!(used(&c), vec![1000, 0]);
+        assert!(c.site_reports_free(&free(0)));
+        assert_eq!(used(&c), vec![1000, 1000]);
+        // The agent's own count of its devices is not changed by it.
+        assert_eq!(c.pools[0].devices[1].used_milli, 0);
     }
 
     #[test]

@@ -27,9 +27,10 @@ struct Cli {
     /// Heartbeat period, ms; overrides the site file.
     #[arg(long, env = "MERIDIAN_HEARTBEAT_MS")]
     heartbeat_ms: Option<u64>,
-    /// How accepted jobs run: `process` (the default), or `noop` (accepted and reported running, nothing started).
-    #[arg(long, value_enum, env = "MERIDIAN_EXECUTOR", default_value_t = runtime::Executor::Process)]
-    executor: runtime::Executor,
+    /// How accepted jobs run, overriding the site file's `[backend] kind`: `process`, or `noop` (accepted and
+    /// reported running, nothing started).
+    #[arg(long, value_enum, env = "MERIDIAN_EXECUTOR")]
+    executor: Option<meridian_federation::BackendKind>,
     #[command(subcommand)]
     command: Option<Cmd>,
 }
@@ -72,7 +73,7 @@ fn main() -> anyhow::Result<()> {
         }
         Some(Cmd::Probe) => {
             use meridian_adapters::probe::{group_into_pools, DeviceProbe, NvmlProbe};
-            match NvmlProbe.probe() {
+            match NvmlProbe::default().probe() {
                 Ok(devices) => {
                     for p in group_into_pools(&devices) {
                         println!(
@@ -132,11 +133,13 @@ fn main() -> anyhow::Result<()> {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
+            if let Some(kind) = cli.executor {
+                site.backend.kind = kind;
+            }
             rt.block_on(runtime::run(runtime::AgentOptions {
                 site,
                 access,
                 work_dir,
-                executor: cli.executor,
             }))
         }
     }

@@ -8,7 +8,7 @@ use crate::outbox::StatusOutbox;
 use anyhow::Context;
 use bytes::Bytes;
 use futures::StreamExt;
-use meridian_adapters::local::{self, Launch, Running};
+use meridian_adapters::backend::{self, Backend, Found, Seen};
 use meridian_adapters::probe::{group_into_pools, DeviceProbe, NvmlProbe};
 use meridian_federation::subjects::{self, SiteTopic};
 use meridian_federation::{
@@ -22,17 +22,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::Notify;
 
-/// How accepted jobs are run.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum Executor {
-    /// Each job runs as a local process group under a shim.
-    #[default]
-    Process,
-    /// Jobs are accepted and reported running but nothing is started; they hold their devices until cancelled.
-    /// For dry runs of a federation and for measuring dispatch.
-    Noop,
-}
-
 /// What the command line decides.
 #[derive(Clone, Debug)]
 pub struct AgentOptions {
@@ -40,7 +29,6 @@ pub struct AgentOptions {
     /// NATS servers, their CA and this site's identity.
     pub access: meridian_federation::access::Access,
     pub work_dir: PathBuf,
-    pub executor: Executor,
 }
 
 fn now_ms() -> u64 {
@@ -48,14 +36,6 @@ fn now_ms() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
-}
-
-/// How the agent holds a job's process.
-enum Handle {
-    /// Started by this agent: the shim's pipe.
-    Started(Running),
-    /// Left running by an earlier run of this agent and taken back: watched through its files.
-    Adopted,
 }
 
 /// What an agent records of each attempt it starts, beside its group file, to take it back after a restart.
@@ -70,18 +50,22 @@ struct AttemptRecord {
     /// On spot capacity (records of earlier agents lack it: on-demand).
     #[serde(default)]
     spot: bool,
+    /// The backend's name for the attempt (records of earlier agents lack it: their process group file).
+    #[serde(default)]
+    handle: Option<backend::Handle>,
 }
 
 struct Proc {
-    /// The job's process (none under the no-op executor).
-    handle: Option<Handle>,
+    /// The backend's name for the attempt.
+    handle: backend::Handle,
     started_ms: u64,
     cancel_reason: Option<String>,
     /// Stopped by the site itself (its spot capacity taken back): reported interrupted, so the broker replaces
     /// it.
     interrupt_reason: Option<String>,
     checkpoint_path: PathBuf,
-    pgid_path: PathBuf,
+    /// The agent's record of the attempt (none for a backend that runs nothing).
+    record_path: Option<PathBuf>,
     /// The checkpoint URI last reported to the broker.
     reported_checkpoint: Option<String>,
     /// The attempt's trace and the broker's `offer` span (from the offer's `traceparent` header).
@@ -90,10 +74,10 @@ struct Proc {
 
 struct Agent {
     core: AgentCore,
-    executor: Executor,
+    /// How accepted attempts run (the site file's `[backend]`).
+    backend: Box<dyn Backend>,
     client: async_nats::Client,
     work_dir: PathBuf,
-    grace: Duration,
     procs: HashMap<(JobId, u32), Proc>,
     outbox: Arc<Mutex<StatusOutbox>>,
     wake: Arc<Notify>,
@@ -125,7 +109,7 @@ fn inventory(site: &SiteFile) -> anyhow::Result<Vec<PoolAdvert>> {
     if site.agent.nvml == NvmlMode::Off {
         return Ok(pools);
     }
-    match NvmlProbe.probe() {
+    match NvmlProbe::default().probe() {
         Err(e) => {
             tracing::info!(
                 "no NVIDIA GPUs probed ({e}); using the pools declared in the site file"
@@ -219,10 +203,18 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
 
     let mut agent = Agent {
         core,
-        executor: opts.executor,
+        backend: backend::for_site(
+            site.backend.kind,
+            backend::ProcessSettings {
+                shim_program: std::env::current_exe()?,
+                run_dir: opts.work_dir.join("run"),
+                grace: Duration::from_millis(site.agent.grace_ms),
+                adopt_grace: Duration::from_millis(site.agent.readopt_ms),
+            },
+            site.backend.slurm.clone(),
+        ),
         client: client.clone(),
         work_dir: opts.work_dir.clone(),
-        grace: Duration::from_millis(site.agent.grace_ms),
         procs: HashMap::new(),
         outbox,
         wake,
@@ -240,6 +232,10 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
         report: Arc::new(Mutex::new(None)),
         defer_sync: false,
     };
+    tracing::info!(
+        "site {id} runs its work on backend {}",
+        agent.backend.kind().as_str()
+    );
     agent.take_back_leftovers();
     if let Some(addr) = &site.agent.metrics_listen {
         serve_metrics(addr, &opts.work_dir, agent.report.clone()).await?;
@@ -302,6 +298,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
             }
             _ = heartbeat.tick() => {
                 agent.report_checkpoints();
+                agent.follow_site_capacity();
                 agent.publish_heartbeat().await
             }
             _ = advert.tick() => agent.publish_advert().await,
@@ -401,6 +398,27 @@ fn run_span(
         events: Vec::new(),
         error,
     }
+}
+
+/// How an attempt that its backend no longer runs ended: as Meridian asked (cancelled, or its spot capacity
+/// taken back), or as the backend saw it. `None` while it runs.
+fn end_state(p: &Proc, seen: Seen) -> Option<AttemptState> {
+    Some(match (&p.cancel_reason, seen) {
+        (_, Seen::Running) => return None,
+        (Some(reason), _) => AttemptState::Cancelled {
+            reason: reason.clone(),
+        },
+        (None, _) if p.interrupt_reason.is_some() => AttemptState::Interrupted {
+            reason: p.interrupt_reason.clone().unwrap_or_default(),
+        },
+        (None, Seen::Ended(0)) => AttemptState::Succeeded { exit_code: 0 },
+        (None, Seen::Ended(c)) => AttemptState::Failed {
+            exit_code: Some(c),
+            reason: format!("exit code {c}"),
+        },
+        (None, Seen::Failed { exit_code, reason }) => AttemptState::Failed { exit_code, reason },
+        (None, Seen::Interrupted(reason)) => AttemptState::Interrupted { reason },
+    })
 }
 
 /// The number of this start of the agent (one more than the last, kept in the work folder).
@@ -568,7 +586,7 @@ impl Agent {
 
     async fn publish_metrics(&self, nvml: bool) {
         let samples = if nvml {
-            NvmlProbe.sample().unwrap_or_default()
+            NvmlProbe::default().sample().unwrap_or_default()
         } else {
             Vec::new()
         };
@@ -674,14 +692,12 @@ impl Agent {
     }
 
     fn start(&mut self, offer: &Offer, trace: Option<([u8; 16], [u8; 8])>) -> anyhow::Result<()> {
-        let name = format!("{}-{}", offer.job, offer.attempt);
-        let run_dir = self.work_dir.join("run");
-        let job_dir = self.work_dir.join("jobs").join(&name);
-        if self.executor == Executor::Process {
-            std::fs::create_dir_all(&job_dir)?;
-        }
+        let name = format!("{}__{}", offer.job, offer.attempt);
+        let job_dir = self
+            .work_dir
+            .join("jobs")
+            .join(format!("{}-{}", offer.job, offer.attempt));
         let checkpoint_path = job_dir.join("checkpoint");
-        let pgid_path = run_dir.join(format!("{}__{}.pgid", offer.job, offer.attempt));
         let indices: Vec<String> = offer.devices.iter().map(|d| d.index.to_string()).collect();
         let mut env: Vec<(String, String)> = offer.spec.run.env.clone().into_iter().collect();
         env.extend([
@@ -704,60 +720,57 @@ impl Agent {
                 checkpoint_path.display().to_string(),
             ),
         ]);
-        let vendor = self
-            .core
-            .pools
-            .iter()
-            .find(|p| p.name == offer.pool)
-            .map(|p| p.vendor.as_str());
-        if vendor == Some("nvidia") {
+        let pool = self.core.pools.iter().find(|p| p.name == offer.pool);
+        let model = pool.map(|p| p.model.to_string()).unwrap_or_default();
+        if pool.is_some_and(|p| p.vendor == "nvidia") {
             env.push(("CUDA_VISIBLE_DEVICES".into(), indices.join(",")));
         }
         if let Some(r) = &offer.resume_from {
             env.push(("MERIDIAN_RESUME_FROM".into(), r.clone()));
         }
-        let handle = match self.executor {
-            Executor::Noop => None,
-            Executor::Process => {
-                let record = AttemptRecord {
-                    job: offer.job.clone(),
-                    attempt: offer.attempt,
-                    pool: offer.pool.clone(),
-                    devices: offer.devices.clone(),
-                    started_ms: now_ms(),
-                    checkpoint_path: checkpoint_path.clone(),
-                    spot: offer.spec.spot,
-                };
-                std::fs::write(
-                    pgid_path.with_extension("json"),
-                    serde_json::to_vec(&record)?,
-                )?;
-                let handle = local::launch(&Launch {
-                    shim_program: std::env::current_exe()?,
-                    command: offer.spec.run.command.clone(),
-                    env,
-                    work_dir: job_dir.clone(),
-                    log_path: job_dir.join("output.log"),
-                    pgid_path: pgid_path.clone(),
-                    grace: self.grace,
-                    adopt_grace: self.readopt,
-                })?;
-                tracing::info!(
-                    "job {} attempt {} started (pid {})",
-                    offer.job,
-                    offer.attempt,
-                    handle.pid()
-                );
-                Some(Handle::Started(handle))
-            }
-        };
+        let started_ms = now_ms();
+        let handle = self.backend.submit(&backend::Attempt {
+            name: &name,
+            command: &offer.spec.run.command,
+            env,
+            dir: &job_dir,
+            tenant: offer.spec.tenant.as_str(),
+            pool: offer.pool.as_str(),
+            model: &model,
+            // Whole devices, at least one for a share of one.
+            devices: offer.devices.len() as u32,
+            // Past its deadline the job is of no use: a backend that enforces limits ends it there.
+            time_limit_s: offer
+                .spec
+                .window
+                .deadline_ms
+                .map(|d| d.saturating_sub(started_ms) / 1000),
+        })?;
+        // What a restarted agent needs to take the attempt back.
+        let record_path = self
+            .backend
+            .outlives_agent()
+            .then(|| self.work_dir.join("run").join(format!("{name}.json")));
+        if let Some(path) = &record_path {
+            let record = AttemptRecord {
+                job: offer.job.clone(),
+                attempt: offer.attempt,
+                pool: offer.pool.clone(),
+                devices: offer.devices.clone(),
+                started_ms,
+                checkpoint_path: checkpoint_path.clone(),
+                spot: offer.spec.spot,
+                handle: Some(handle.clone()),
+            };
+            std::fs::write(path, serde_json::to_vec(&record)?)?;
+        }
         let p = Proc {
             handle,
-            started_ms: now_ms(),
+            started_ms,
             cancel_reason: None,
             interrupt_reason: None,
             checkpoint_path,
-            pgid_path,
+            record_path,
             reported_checkpoint: None,
             trace,
         };
@@ -800,11 +813,7 @@ impl Agent {
                     continue;
                 }
                 p.interrupt_reason = Some("spot capacity taken back by the provider".into());
-                match &mut p.handle {
-                    Some(Handle::Started(h)) => h.stop(),
-                    Some(Handle::Adopted) => local::request_stop(&p.pgid_path),
-                    None => {}
-                }
+                self.backend.cancel(&p.handle);
             }
         }
     }
@@ -825,11 +834,7 @@ impl Agent {
                 c.reason
             );
             p.cancel_reason = Some(c.reason);
-            match &mut p.handle {
-                Some(Handle::Started(h)) => h.stop(),
-                Some(Handle::Adopted) => local::request_stop(&p.pgid_path),
-                None => {}
-            }
+            self.backend.cancel(&p.handle);
         }
     }
 
@@ -839,12 +844,11 @@ impl Agent {
         };
         let body = match decode::<LogsRequest>(&m.payload) {
             Ok(r) => {
-                let path = self
+                let dir = self
                     .work_dir
                     .join("jobs")
-                    .join(format!("{}-{}", r.job, r.attempt))
-                    .join("output.log");
-                match local::tail(&path, r.lines as usize) {
+                    .join(format!("{}-{}", r.job, r.attempt));
+                match self.backend.logs(&dir, r.lines as usize) {
                     Ok(text) => encode(&LogsReply {
                         v: WIRE_VERSION,
                         job: r.job,
@@ -868,54 +872,32 @@ impl Agent {
 
     async fn reap_finished(&mut self) {
         let mut done = Vec::new();
-        for (key, p) in self.procs.iter_mut() {
-            let Some(h) = &mut p.handle else {
-                // Nothing runs under the no-op executor: a job ends when it is cancelled or taken back.
-                if p.cancel_reason.is_some() || p.interrupt_reason.is_some() {
-                    done.push((key.clone(), 0));
-                }
-                continue;
-            };
-            match h {
-                Handle::Started(h) => match h.try_wait() {
-                    Ok(Some(status)) => done.push((key.clone(), local::exit_code(status))),
-                    Ok(None) => {}
-                    Err(e) => tracing::warn!("waiting for {}: {e}", key.0),
-                },
-                // Its shim is gone: the command's exit code, or stopped (a signal's code).
-                Handle::Adopted if !local::shim_alive(&p.pgid_path) => {
-                    let code = local::kept_exit_code(&p.pgid_path).unwrap_or(143);
-                    done.push((key.clone(), code));
-                }
-                Handle::Adopted => {}
+        for (key, p) in &self.procs {
+            match self.backend.poll(&p.handle) {
+                Seen::Running => {}
+                seen => done.push((key.clone(), seen)),
             }
         }
         if done.is_empty() {
             return;
         }
-        for ((job, attempt), code) in done {
-            let Some(p) = self.procs.remove(&(job.clone(), attempt)) else {
+        for ((job, attempt), seen) in done {
+            let Some(state) = self
+                .procs
+                .get(&(job.clone(), attempt))
+                .and_then(|p| end_state(p, seen))
+            else {
                 continue;
             };
-            let state = match (&p.cancel_reason, code) {
-                (Some(reason), _) => AttemptState::Cancelled {
-                    reason: reason.clone(),
-                },
-                (None, _) if p.interrupt_reason.is_some() => AttemptState::Interrupted {
-                    reason: p.interrupt_reason.clone().unwrap_or_default(),
-                },
-                (None, 0) => AttemptState::Succeeded { exit_code: 0 },
-                (None, c) => AttemptState::Failed {
-                    exit_code: Some(c),
-                    reason: format!("exit code {c}"),
-                },
+            let Some(p) = self.procs.remove(&(job.clone(), attempt)) else {
+                continue;
             };
             tracing::info!("job {job} attempt {attempt} ended: {state:?}");
             if let Some(t) = &self.telemetry {
                 t.span(&run_span(&self.core.info.id, &job, attempt, &p, &state));
             }
             self.status(&job, attempt, state, Some(&p));
-            local::forget(&p.pgid_path);
+            self.forget(&p.handle, p.record_path.as_deref());
             self.core.on_finished(&job, attempt);
         }
         self.advert_due = true;
@@ -948,10 +930,28 @@ impl Agent {
         }
     }
 
-    /// Takes back the jobs an earlier run of this agent left. One still running under its shim is adopted: it
-    /// holds its devices again and goes on as if the agent had never stopped. One whose command ended meanwhile
-    /// is reported by its kept exit code; any other has its process group killed and is reported interrupted,
-    /// so that the broker runs it again. Run times come from the attempt's record.
+    /// Takes what the site's own scheduler reports free, where it schedules work that is not Meridian's: a
+    /// change is advertised at the next reap tick.
+    fn follow_site_capacity(&mut self) {
+        if let Some(free) = self.backend.free(&self.core.pools) {
+            if self.core.site_reports_free(&free) {
+                self.advert_due = true;
+            }
+        }
+    }
+
+    /// Forgets an attempt whose end is recorded: the backend's traces of it and the agent's record.
+    fn forget(&mut self, handle: &backend::Handle, record: Option<&std::path::Path>) {
+        self.backend.forget(handle);
+        if let Some(path) = record {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+
+    /// Takes back the jobs an earlier run of this agent left, from its records of them. One the backend still
+    /// runs is adopted: it holds its devices again and goes on as if the agent had never stopped. One that
+    /// ended meanwhile is reported by its exit code; any other was stopped and is reported interrupted, so
+    /// that the broker runs it again. Run times come from the attempt's record.
     fn take_back_leftovers(&mut self) {
         let Ok(entries) = std::fs::read_dir(self.work_dir.join("run")) else {
             return;
@@ -959,39 +959,33 @@ impl Agent {
         let mut adopted = 0;
         for entry in entries.flatten() {
             let path = entry.path();
-            if path.extension().and_then(|e| e.to_str()) != Some("pgid") {
+            if path.extension().and_then(|e| e.to_str()) != Some("json") {
                 continue;
             }
-            let record: Option<AttemptRecord> = std::fs::read(path.with_extension("json"))
+            let Some(r) = std::fs::read(&path)
                 .ok()
-                .and_then(|b| serde_json::from_slice(&b).ok());
-            let (job, attempt) = match &record {
-                Some(r) => (r.job.clone(), r.attempt),
-                None => {
-                    let Some(stem) = path.file_stem().and_then(|s| s.to_str()) else {
-                        continue;
-                    };
-                    let Some((job, attempt)) = stem.split_once("__") else {
-                        continue;
-                    };
-                    let (Ok(job), Ok(attempt)) = (JobId::new(job), attempt.parse::<u32>()) else {
-                        continue;
-                    };
-                    (job, attempt)
-                }
+                .and_then(|b| serde_json::from_slice::<AttemptRecord>(&b).ok())
+            else {
+                tracing::warn!("{} is not an attempt record; left alone", path.display());
+                continue;
             };
-            if let Some(r) = record.as_ref().filter(|_| local::adopt(&path)) {
+            // Records of earlier agents name no handle: theirs was the process group file beside them.
+            let handle = r.handle.clone().unwrap_or_else(|| {
+                backend::Handle(path.with_extension("pgid").display().to_string())
+            });
+            let found = self.backend.adopt(&handle);
+            if found == Found::Running {
                 self.core
                     .adopt(&r.job, r.attempt, &r.pool, &r.devices, r.spot);
                 self.procs.insert(
                     (r.job.clone(), r.attempt),
                     Proc {
-                        handle: Some(Handle::Adopted),
+                        handle,
                         started_ms: r.started_ms,
                         cancel_reason: None,
                         interrupt_reason: None,
                         checkpoint_path: r.checkpoint_path.clone(),
-                        pgid_path: path.clone(),
+                        record_path: Some(path.clone()),
                         reported_checkpoint: None,
                         // Taken back after a restart: the ids follow from the job and attempt.
                         trace: None,
@@ -1000,43 +994,43 @@ impl Agent {
                 adopted += 1;
                 continue;
             }
-            let kept = local::kept_exit_code(&path);
-            let killed = kept.is_none() && local::reap(&path);
-            let started = record.as_ref().map(|r| r.started_ms);
-            let ended = std::fs::metadata(local::exit_file(&path))
-                .and_then(|m| m.modified())
-                .ok()
-                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-                .map_or_else(now_ms, |d| d.as_millis() as u64);
-            local::forget(&path);
-            let state = match kept {
-                Some(0) => AttemptState::Succeeded { exit_code: 0 },
-                Some(c) => AttemptState::Failed {
-                    exit_code: Some(c),
-                    reason: format!("exit code {c}"),
-                },
-                None => AttemptState::Interrupted {
-                    reason: "agent restarted after its re-adoption grace; the attempt was stopped"
-                        .into(),
-                },
+            let (state, ended) = match found {
+                Found::Ended {
+                    exit_code: 0,
+                    at_ms,
+                } => (AttemptState::Succeeded { exit_code: 0 }, at_ms),
+                Found::Ended { exit_code, at_ms } => (
+                    AttemptState::Failed {
+                        exit_code: Some(exit_code),
+                        reason: format!("exit code {exit_code}"),
+                    },
+                    at_ms,
+                ),
+                Found::Failed { exit_code, reason } => {
+                    (AttemptState::Failed { exit_code, reason }, None)
+                }
+                Found::Running => continue, // taken back above
+                Found::Stopped(reason) => (AttemptState::Interrupted { reason }, None),
             };
+            let ended = ended.unwrap_or_else(now_ms);
             tracing::info!(
-                "job {job} attempt {attempt} was left by an earlier run (group killed: {killed}): {state:?}"
+                "job {} attempt {} was left by an earlier run: {state:?}",
+                r.job,
+                r.attempt
             );
             let update = JobStatus {
                 v: WIRE_VERSION,
-                job: job.clone(),
-                attempt,
+                job: r.job.clone(),
+                attempt: r.attempt,
                 site: self.core.info.id.clone(),
                 state,
                 at_ms: now_ms(),
-                started_at_ms: started,
-                runtime_ms: started.map(|s| ended.saturating_sub(s)),
-                checkpoint: record
-                    .as_ref()
-                    .and_then(|r| read_checkpoint(&r.checkpoint_path)),
+                started_at_ms: Some(r.started_ms),
+                runtime_ms: Some(ended.saturating_sub(r.started_ms)),
+                checkpoint: read_checkpoint(&r.checkpoint_path),
                 mark: Some(self.mark()),
             };
+            self.forget(&handle, Some(&path));
             if let Ok(mut o) = self.outbox.lock() {
                 if let Err(e) = o.push(update) {
                     tracing::error!("status outbox: {e}");

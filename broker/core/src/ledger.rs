@@ -127,5 +127,6 @@ pub fn report<'a>(
         by_site: rows(sites),
         by_model: rows(models),
         total,
+        unreadable: Vec::new(),
     }
 }

@@ -49,6 +49,7 @@ pub fn site(id: &str, tier: Tier, lat: f64, lon: f64) -> SiteBuilder {
                 energy_micro_usd_per_kwh: 0,
                 egress_micro_usd_per_gb: 90_000,
                 datasets: vec![],
+                backend: None,
             },
             pools: vec![],
             generation: 1,
@@ -59,6 +60,12 @@ pub fn site(id: &str, tier: Tier, lat: f64, lon: f64) -> SiteBuilder {
 }
 
 impl SiteBuilder {
+    /// How the site runs its work, as its agent advertises it.
+    pub fn backend(mut self, kind: meridian_federation::BackendKind) -> Self {
+        self.advert.site.backend = Some(kind);
+        self
+    }
+
     pub fn gpus(mut self, model: &str, count: u32, price_usd: f64) -> Self {
         self.advert.pools.push(PoolAdvert {
             name: format!("p{}", self.advert.pools.len()).into(),

@@ -126,6 +126,7 @@ pub fn site_view(site: &Site) -> SiteView {
             .collect(),
         last_seen_ms: site.last_seen_ms,
         generation: site.generation,
+        backend: site.info.backend,
     }
 }
 
@@ -207,6 +208,35 @@ pub fn history_job(job: &Job) -> HistoryJob {
             })
             .collect(),
     }
+}
+
+/// Attempts of `job` that may still be running at a site revoked while it held them: the site never reported
+/// their end. The broker sent each a cancel when it revoked the site, and an honest agent obeys, but a
+/// hostile one need not: a warning in words, per attempt, for explanations and timelines.
+pub fn possibly_still_running(
+    job: &Job,
+    revoked: &std::collections::BTreeSet<SiteId>,
+) -> Vec<(u32, SiteId, String)> {
+    job.runs
+        .iter()
+        .filter(|r| revoked.contains(&r.site) && !r.metered)
+        .filter(|r| {
+            !(r.attempt == job.attempt
+                && job.holds_devices()
+                && job.assignment.as_ref().is_some_and(|a| a.site == r.site))
+        })
+        .map(|r| {
+            (
+                r.attempt,
+                r.site.clone(),
+                format!(
+                    "attempt {} may still be running at site {}: the site was revoked while it held it and never \
+                     reported its end (it was sent a cancel; a hostile site need not obey)",
+                    r.attempt, r.site
+                ),
+            )
+        })
+        .collect()
 }
 
 /// How many candidates a timeline shows.

@@ -284,16 +284,27 @@ async fn run_jobs(
 
 /// Plain request-reply through the same server: an echo responder, `n` requests of `size` bytes with
 /// `in_flight` outstanding.
+///
+/// The echo answers as a broker answers a site, within the permissions the federation gives: the requester
+/// (a site's identity) may publish into the broker's inbox, the responder (the broker's identity) reads its
+/// own inbox and answers into the site's. Its subject is outside the inbox subjects the broker's own
+/// connection uses for its requests.
 async fn raw_nats(
-    access: &meridian_federation::access::Access,
+    responder: &meridian_federation::access::Access,
+    requester: &meridian_federation::access::Access,
     n: usize,
     in_flight: usize,
     size: usize,
 ) -> anyhow::Result<f64> {
-    let responder = access
+    let subject = format!(
+        "{}.bench-echo",
+        meridian_federation::access::inbox_prefix(&responder.caller())
+    );
+    let echo_client = responder
         .connect("bench echo", Duration::from_secs(10))
         .await?;
-    let mut sub = responder.subscribe("bench.echo").await?;
+    let mut sub = echo_client.subscribe(subject.clone()).await?;
+    let responder = echo_client;
     responder.flush().await?;
     let echo = tokio::spawn(async move {
         while let Some(m) = sub.next().await {
@@ -302,16 +313,17 @@ async fn raw_nats(
             }
         }
     });
-    let client = access.connect("bench", Duration::from_secs(10)).await?;
+    let client = requester.connect("bench", Duration::from_secs(10)).await?;
     let body = Bytes::from(vec![b'x'; size]);
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
     let mut workers = Vec::new();
     for _ in 0..in_flight.max(1) {
-        let (client, body, next) = (client.clone(), body.clone(), next.clone());
+        let (client, body, next, subject) =
+            (client.clone(), body.clone(), next.clone(), subject.clone());
         workers.push(tokio::spawn(async move {
             while next.fetch_add(1, Ordering::Relaxed) < n {
-                client.request("bench.echo", body.clone()).await?;
+                client.request(subject.clone(), body.clone()).await?;
             }
             Ok::<(), anyhow::Error>(())
         }));
@@ -402,13 +414,20 @@ pub async fn dispatch(opts: DispatchOptions) -> anyhow::Result<DispatchFigures> 
     let fed = start(&noop_dir, opts.sites, slots, "noop", false)
         .await
         .context("starting the federation")?;
-    // The broker's identity: JetStream and arbitrary subjects are brokers' only.
-    let access = fed.access_as("broker-1");
-    let before = journal_messages(&access).await?;
+    // The broker's storage identity: only it reaches JetStream.
+    let store = fed.access_as(&crate::creds::store_name("broker-1"));
+    let before = journal_messages(&store).await?;
     let run = run_jobs(&fed, opts.jobs, opts.in_flight, "true", false).await?;
-    let journal_appends = journal_messages(&access).await?.saturating_sub(before);
+    let journal_appends = journal_messages(&store).await?.saturating_sub(before);
     let size = spec(0, "true")?.len();
-    let raw = raw_nats(&access, opts.jobs, opts.in_flight, size).await?;
+    let raw = raw_nats(
+        &fed.access_as("broker-1"),
+        &fed.access_as("site-000"),
+        opts.jobs,
+        opts.in_flight,
+        size,
+    )
+    .await?;
     let mut fed = fed;
     let recovery = tokio::task::block_in_place(|| -> anyhow::Result<Option<(u64, u64)>> {
         fed.restart_broker()?;

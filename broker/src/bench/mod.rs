@@ -98,6 +98,7 @@ impl Bench {
                     energy_micro_usd_per_kwh: 0,
                     egress_micro_usd_per_gb: 90_000,
                     datasets: vec![],
+                    backend: None,
                 },
                 pools,
                 generation: 1,

@@ -343,6 +343,12 @@ pub async fn run(cmd: ClientCmd, connect: &ConnectArgs, out: Output) -> anyhow::
                 to_ms: to,
             };
             let r = client.report(&req).await?;
+            for u in &r.unreadable {
+                eprintln!(
+                    "left out of the figures: ledger message {} cannot be read ({})",
+                    u.seq, u.reason
+                );
+            }
             if out == Output::Csv {
                 render::report_csv(&r);
                 return Ok(true);
@@ -403,10 +409,12 @@ pub async fn run(cmd: ClientCmd, connect: &ConnectArgs, out: Output) -> anyhow::
             })
         }
         ClientCmd::Audit { since, who, limit } => {
+            // Newest first: `--limit N` is the newest N.
             let mut req = meridian_federation::AuditRequest {
                 v: meridian_federation::WIRE_VERSION,
                 since_ms: since,
                 who,
+                newest_first: true,
                 ..Default::default()
             };
             let mut entries = Vec::new();
@@ -414,8 +422,14 @@ pub async fn run(cmd: ClientCmd, connect: &ConnectArgs, out: Output) -> anyhow::
                 req.limit = Some((limit - entries.len()).min(5_000) as u32);
                 let page = client.audit(&req).await?;
                 entries.extend(page.entries);
+                for u in &page.unreadable {
+                    eprintln!(
+                        "left out: audit message {} cannot be read ({})",
+                        u.seq, u.reason
+                    );
+                }
                 match page.next {
-                    Some(n) => req.after_seq = Some(n),
+                    Some(n) => req.before_seq = Some(n),
                     None => break,
                 }
             }

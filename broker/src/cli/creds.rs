@@ -2,7 +2,7 @@
 //! nats-server configuration that enforces them.
 
 use super::outln;
-use crate::creds::{reload, Kind, Registry};
+use crate::creds::{Kind, Registry};
 use clap::Subcommand;
 use std::path::PathBuf;
 
@@ -39,14 +39,18 @@ pub enum CredsCmd {
         reload: Vec<i32>,
     },
     /// Print a complete nats-server configuration for one server: TLS with client certificates, the
-    /// identities' authorization, JetStream encrypted at rest. Print it again after `add` or `revoke`, then
-    /// reload the server.
+    /// identities (included from the folder's authorization.conf, which `add` and `revoke` rewrite: a reload
+    /// applies them), JetStream encrypted at rest.
     ServerConfig {
         #[arg(long, default_value = "0.0.0.0:4222")]
         listen: String,
         /// JetStream's store folder.
         #[arg(long, default_value = "/var/lib/nats")]
         store: PathBuf,
+        /// The folder the configuration file will be written to (its include is relative to it); default: the
+        /// credentials folder.
+        #[arg(long)]
+        config_dir: Option<PathBuf>,
     },
 }
 
@@ -68,7 +72,7 @@ pub fn run(cmd: CredsCmd, dir: &std::path::Path) -> anyhow::Result<bool> {
         } => {
             let mut reg = Registry::open(dir)?;
             let path = reg.add(kind, &name)?;
-            reload(&pids)?;
+            reg.reload_servers(&pids)?;
             outln!("{} {name}: {}", kind.as_str(), path.display());
             outln!(
                 "give it MERIDIAN_CREDS={} and MERIDIAN_CA={}",
@@ -96,7 +100,8 @@ pub fn run(cmd: CredsCmd, dir: &std::path::Path) -> anyhow::Result<bool> {
         CredsCmd::Revoke { name, reload: pids } => {
             let mut reg = Registry::open(dir)?;
             let kind = reg.revoke(&name)?.kind;
-            reload(&pids)?;
+            reg.reload_servers(&pids)
+                .map_err(|e| e.context(format!("{name} is revoked in {}", dir.display())))?;
             outln!(
                 "{} {name} revoked{}",
                 kind.as_str(),
@@ -107,9 +112,14 @@ pub fn run(cmd: CredsCmd, dir: &std::path::Path) -> anyhow::Result<bool> {
                 }
             );
         }
-        CredsCmd::ServerConfig { listen, store } => {
+        CredsCmd::ServerConfig {
+            listen,
+            store,
+            config_dir,
+        } => {
             let reg = Registry::open(dir)?;
-            super::out!("{}", reg.server_config(&listen, &store)?);
+            let conf_dir = config_dir.unwrap_or_else(|| reg.dir().to_path_buf());
+            super::out!("{}", reg.server_config(&listen, &store, &conf_dir)?);
         }
     }
     Ok(true)

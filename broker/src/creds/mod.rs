@@ -24,8 +24,12 @@ use std::path::{Path, PathBuf};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Kind {
-    /// A broker: everything, JetStream included.
+    /// A broker's connection that answers requests and sends sites their work: it may publish only into
+    /// inboxes and the sites' command subjects. `meridian creds add broker NAME` also makes its storage
+    /// identity, `NAME-store`.
     Broker,
+    /// A broker's storage connection (`<broker>-store`): JetStream only, and it never answers a request.
+    Store,
     /// A site's agent (or its leaf node): its own site subjects only.
     Site,
     /// An API client: API requests only. Which tenant it acts for is its API token's business.
@@ -36,6 +40,7 @@ impl Kind {
     pub fn as_str(self) -> &'static str {
         match self {
             Kind::Broker => "broker",
+            Kind::Store => "store",
             Kind::Site => "site",
             Kind::Client => "client",
         }
@@ -219,8 +224,40 @@ impl Registry {
     }
 
     /// Adds an identity: a new NKey and client certificate. A revoked name may be added again (with new keys);
-    /// a live one may not.
+    /// a live one may not. A broker comes with its storage identity ([`store_name`]).
     pub fn add(&mut self, kind: Kind, name: &str) -> anyhow::Result<PathBuf> {
+        if kind == Kind::Store {
+            bail!("a storage identity comes with its broker: `meridian creds add broker NAME` makes NAME-store");
+        }
+        if kind == Kind::Broker {
+            let store = store_name(name);
+            if self.get(&store).is_some_and(|i| i.revoked_ms.is_none()) {
+                bail!("{store} already exists; revoke it first to issue new keys");
+            }
+            let path = self.add_one(kind, name)?;
+            self.add_one(Kind::Store, &store)?;
+            return Ok(path);
+        }
+        self.add_one(kind, name)
+    }
+
+    /// Gives every live broker a storage identity it lacks (a folder made before brokers had one).
+    pub fn ensure_stores(&mut self) -> anyhow::Result<()> {
+        let lacking: Vec<String> = self
+            .file
+            .identities
+            .iter()
+            .filter(|i| i.kind == Kind::Broker && i.revoked_ms.is_none())
+            .map(|i| store_name(&i.name))
+            .filter(|s| self.get(s).is_none_or(|i| i.revoked_ms.is_some()))
+            .collect();
+        for store in lacking {
+            self.add_one(Kind::Store, &store)?;
+        }
+        Ok(())
+    }
+
+    fn add_one(&mut self, kind: Kind, name: &str) -> anyhow::Result<PathBuf> {
         meridian_federation::ids::check_id(name)
             .map_err(|e| anyhow::anyhow!("identity name {name:?} {e}"))?;
         if let Some(i) = self.get(name) {
@@ -264,6 +301,13 @@ impl Registry {
         let Some(pos) = self.file.identities.iter().position(|i| i.name == name) else {
             bail!("no identity {name} in {}", self.dir.display());
         };
+        // A broker's storage identity goes with it.
+        if self.file.identities[pos].kind == Kind::Broker {
+            let store = store_name(name);
+            if self.get(&store).is_some() {
+                self.revoke(&store)?;
+            }
+        }
         if self.file.identities[pos].revoked_ms.is_none() {
             self.file.identities[pos].revoked_ms = Some(now_ms());
         }
@@ -285,17 +329,56 @@ impl Registry {
         )
     }
 
-    /// A complete single-server configuration: TLS with client certificates, these identities, JetStream
-    /// encrypted at rest. Written again after identities change, then the server reloads it.
-    pub fn server_config(&self, listen: &str, store: &Path) -> anyhow::Result<String> {
+    /// A complete single-server configuration, for a file in `conf_dir`: TLS with client certificates, the
+    /// identities (included from `authorization.conf`, so `meridian creds add|revoke --reload` applies a
+    /// change), JetStream encrypted at rest.
+    pub fn server_config(
+        &self,
+        listen: &str,
+        store: &Path,
+        conf_dir: &Path,
+    ) -> anyhow::Result<String> {
+        let conf_dir = conf_dir
+            .canonicalize()
+            .with_context(|| format!("the configuration's folder {}", conf_dir.display()))?;
         Ok(format!(
-            "# Written by `meridian creds server-config`; write it again after `meridian creds add` or `revoke`,\n# then reload the server.\nlisten: {listen:?}\n{}\n{}jetstream {{ store_dir: {:?}, {} }}\n",
+            "# Written by `meridian creds server-config`, for a file in {}. The identities are included from\n# authorization.conf: after `meridian creds add` or `revoke`, reload the server (or pass --reload PID).\nlisten: {listen:?}\n{}\n{}jetstream {{ store_dir: {:?}, {} }}\n",
+            conf_dir.display(),
             server::tls_block(&self.dir),
-            server::authorization(self.identities()),
+            server::include(&conf_dir, &self.authorization()),
             store.display().to_string(),
             server::cipher(&self.jetstream_key()?),
         ))
     }
+
+    /// Reloads nats-server processes after a change of identities, once each is seen to read this folder's
+    /// authorization file (a server with the identities written into its own configuration would re-read the
+    /// old list: the change would not take effect).
+    pub fn reload_servers(&self, pids: &[i32]) -> anyhow::Result<()> {
+        let want = self.authorization().canonicalize()?;
+        let mut blind = Vec::new();
+        for &pid in pids {
+            let conf = server::config_of(pid)?;
+            if !server::files_read(&conf).contains(&want) {
+                blind.push(format!("{pid} ({})", conf.display()));
+            }
+        }
+        if !blind.is_empty() {
+            bail!(
+                "not reloaded: nats-server {} does not include {}, so a reload would not apply the change; \
+                 put `include` of it in the server's configuration (`meridian creds server-config` writes one), \
+                 restart the server once, then reload",
+                blind.join(", "),
+                want.display()
+            );
+        }
+        reload(pids)
+    }
+}
+
+/// The storage identity of broker `name`.
+pub fn store_name(name: &str) -> String {
+    format!("{name}-store")
 }
 
 /// Asks nats-server processes to reload their configuration (SIGHUP, as `nats-server --signal reload` does).
@@ -353,5 +436,23 @@ mod tests {
             .add(Kind::Site, "edge-a")
             .unwrap_or_else(|e| panic!("{e}"));
         assert_ne!(again.get("edge-a").map(|i| i.nkey.clone()), Some(nkey));
+    }
+
+    #[test]
+    fn a_broker_comes_and_goes_with_its_storage_identity() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let hosts = vec!["127.0.0.1".to_owned()];
+        let mut reg = Registry::init(dir.path(), "test", &hosts).unwrap_or_else(|e| panic!("{e}"));
+        reg.add(Kind::Broker, "broker-1")
+            .unwrap_or_else(|e| panic!("{e}"));
+        let store = reg.get("broker-1-store").cloned();
+        assert_eq!(store.as_ref().map(|i| i.kind), Some(Kind::Store));
+        assert!(reg.creds("broker-1-store").exists());
+        assert!(reg.add(Kind::Store, "other-store").is_err());
+        reg.revoke("broker-1").unwrap_or_else(|e| panic!("{e}"));
+        assert!(reg
+            .get("broker-1-store")
+            .is_some_and(|i| i.revoked_ms.is_some()));
+        assert!(!reg.creds("broker-1-store").exists());
     }
 }

@@ -555,11 +555,13 @@ impl LocalFederation {
 }
 
 /// One secured nats-server (TLS, identities, JetStream encrypted) with a broker identity, for tests of the
-/// broker's JetStream parts; returns it and the broker's access.
+/// broker's JetStream parts; returns it and the access of the broker's storage identity.
 pub fn secured_nats(dir: &Path) -> anyhow::Result<(Nats, meridian_federation::access::Access)> {
     let mut reg =
         crate::creds::Registry::init(&dir.join("creds"), "test", &["127.0.0.1".to_owned()])?;
-    let creds = reg.add(crate::creds::Kind::Broker, "broker-1")?;
+    reg.add(crate::creds::Kind::Broker, "broker-1")?;
+    // JetStream is reached only by a broker's storage identity.
+    let creds = reg.creds(&crate::creds::store_name("broker-1"));
     let nats = Nats::single(
         &dir.join("nats"),
         Some(nats::Security {
@@ -624,6 +626,7 @@ fn secure(
             reg.add(kind, &name)?;
         }
     }
+    reg.ensure_stores()?;
     let token_file = reg.dir().join("admin.token");
     let token = match std::fs::read_to_string(&token_file) {
         Ok(t) => t.trim().to_owned(),

@@ -127,6 +127,11 @@ impl NatsServer {
         }
     }
 
+    /// The server's process id, while it runs (what `meridian creds … --reload PID` signals).
+    pub fn pid(&self) -> Option<u32> {
+        self.proc.as_ref().and_then(Managed::pid)
+    }
+
     pub fn alive(&mut self) -> bool {
         self.proc.as_mut().is_some_and(Managed::alive)
     }
@@ -186,8 +191,8 @@ fn config(
     if let Some(r) = &reg {
         c += &format!("{}\n", server::tls_block(r.dir()));
         if !matches!(role, Role::Leaf { .. }) {
-            // Inline (nats-server resolves includes relative to the configuration's folder).
-            c += &server::authorization(r.identities());
+            // Included, so that a reload reads the identities `meridian creds add|revoke` wrote.
+            c += &server::include(&dir.canonicalize()?, &r.authorization());
         }
     }
     let url = |scheme: &str, p: &u16| format!("\"{scheme}://127.0.0.1:{p}\"");

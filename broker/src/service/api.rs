@@ -37,7 +37,7 @@ pub enum Call {
     /// A service's routing table (`ServiceRef` with a name).
     ServiceRoutes(Bytes),
     /// A watch of a service's routing table (`RoutesWatchRequest`), its changes sent to this subject (NATS only).
-    ServiceRoutesWatch(Bytes, String),
+    ServiceRoutesWatch(Bytes, super::reply::Inbox),
     /// A gateway's demand report (`DemandReport`).
     ServiceDemand(Bytes),
     Report(Bytes),
@@ -294,12 +294,27 @@ fn job_id(s: &str) -> Result<JobId, Reply> {
 /// Carries out one call for the caller a bearer token names: authenticated, rate-limited, then judged by
 /// the caller's permissions. Every refusal is audited.
 pub async fn call(h: &BrokerHandle, bearer: Option<&str>, c: Call) -> Reply {
+    call_from(h, bearer, None, c).await
+}
+
+/// [`call`], from a NATS identity (`None`: over HTTP).
+pub async fn call_from(
+    h: &BrokerHandle,
+    bearer: Option<&str>,
+    identity: Option<&str>,
+    c: Call,
+) -> Reply {
     let now = super::now_ms();
     let action = c.action();
     let who = match h.auth.authenticate(bearer, now) {
         Ok(p) => p,
         Err(e) => {
-            h.audit.refused(now, "anonymous", action, &e.message);
+            let stranger = identity.map_or_else(|| "anonymous".to_owned(), |i| format!("nats:{i}"));
+            if let Err(wait) = h.auth.admit_stranger(&stranger) {
+                h.audit.refused(now, &stranger, action, "rate limited");
+                return error(super::auth::slow_down(wait, &stranger));
+            }
+            h.audit.refused(now, &stranger, action, &e.message);
             return error(e);
         }
     };
@@ -414,9 +429,11 @@ async fn call_as(h: &BrokerHandle, who: &Principal, c: Call) -> Reply {
             }
             match h.query(Query::Ledger).await {
                 Some(Answer::Ledger(mut entries)) => match h.archive.ledger().await {
-                    Ok(archived) => {
+                    Ok((archived, unreadable)) => {
                         entries.extend(archived);
-                        ok(200, meridian_core::ledger::report(&entries, &req))
+                        let mut report = meridian_core::ledger::report(&entries, &req);
+                        report.unreadable = unreadable;
+                        ok(200, report)
                     }
                     Err(e) => archive_unavailable(e),
                 },
@@ -1128,10 +1145,28 @@ async fn fetch_logs(h: &BrokerHandle, id: JobId, lines: u32) -> Result<LogsReply
     }
 }
 
-/// Serves the NATS request-reply API until the subscription ends. Each request is answered on its own task.
+/// Serves the NATS request-reply API until the subscription ends. Each request is answered on its own task,
+/// and only into the inbox of the identity whose subject it came on (see [`super::reply`]).
 pub async fn serve_nats(h: BrokerHandle, mut sub: async_nats::Subscriber) {
     while let Some(m) = sub.next().await {
-        let Some(reply_to) = m.reply.clone() else {
+        let Some((identity, call_name)) = subjects::api::parse(m.subject.as_str()) else {
+            continue;
+        };
+        let (identity, call_name) = (identity.to_owned(), call_name.to_owned());
+        let who = format!("nats:{identity}");
+        // Named in the audit and the metrics only as a call there is, so that made-up names neither
+        // defeat the counting of refusals nor grow the metrics without bound.
+        let known = subjects::api::CALLS
+            .into_iter()
+            .find(|c| *c == call_name)
+            .unwrap_or("unknown_call");
+        let Some(to) = super::reply::inbox(
+            &h,
+            &identity,
+            &who,
+            known,
+            m.reply.as_ref().map(|r| r.as_str()),
+        ) else {
             continue;
         };
         let h = h.clone();
@@ -1141,17 +1176,17 @@ pub async fn serve_nats(h: BrokerHandle, mut sub: async_nats::Subscriber) {
                 .as_ref()
                 .and_then(|hs| hs.get(crate::client::AUTHORIZATION))
                 .map(|v| v.as_str().to_owned());
-            let (_, body) = match nats_call(m.subject.as_str(), m.payload, reply_to.as_str()) {
+            let (_, body) = match nats_call(&call_name, m.payload, &to) {
                 Ok((c, body_token)) => {
                     let bearer = header
                         .as_deref()
                         .and_then(|v| v.strip_prefix("Bearer "))
                         .or(body_token.as_deref());
-                    call(&h, bearer, c).await
+                    call_from(&h, bearer, Some(&identity), c).await
                 }
                 Err(r) => r,
             };
-            let _ = h.client.publish(reply_to, Bytes::from(body)).await;
+            super::reply::send(&h.client, &to, body).await;
         });
     }
 }
@@ -1161,7 +1196,7 @@ pub async fn serve_nats(h: BrokerHandle, mut sub: async_nats::Subscriber) {
 fn nats_call(
     subject: &str,
     payload: Bytes,
-    reply_to: &str,
+    reply_to: &super::reply::Inbox,
 ) -> Result<(Call, Option<String>), Reply> {
     use subjects::api;
     let job = |p: &Bytes| {
@@ -1216,7 +1251,7 @@ fn nats_call(
         api::SERVICE_LIST | api::SERVICE_SHOW => Call::Services(payload),
         api::SERVICE_DELETE => Call::ServiceDelete(payload),
         api::SERVICE_ROUTES => Call::ServiceRoutes(payload),
-        api::SERVICE_ROUTES_WATCH => Call::ServiceRoutesWatch(payload, reply_to.to_owned()),
+        api::SERVICE_ROUTES_WATCH => Call::ServiceRoutesWatch(payload, reply_to.clone()),
         api::SERVICE_DEMAND => Call::ServiceDemand(payload),
         api::DRAIN => {
             let d = decode_strict::<DrainRequest>(&payload).map_err(wire)?;
@@ -1226,7 +1261,7 @@ fn nats_call(
             return Err(error(ErrorBody::new(
                 ErrorCode::NotFound,
                 None,
-                format!("no API call at subject {other}"),
+                format!("no API call {other:?} (the subject is meridian.v1.api.<identity>.<call>)"),
             )))
         }
     };

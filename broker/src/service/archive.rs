@@ -15,7 +15,7 @@ use futures::StreamExt;
 use meridian_core::ledger::LedgerEntry;
 use meridian_core::model::Job;
 use meridian_federation::subjects;
-use meridian_federation::{ExplainView, JobId, JobView};
+use meridian_federation::{ExplainView, JobId, JobView, UnreadableView};
 use serde::{Deserialize, Serialize};
 
 /// The format of archive and ledger messages (see `meridian_core::durable`).
@@ -151,7 +151,17 @@ impl Archive {
                 .info()
                 .map_err(|e| anyhow::anyhow!("{e}"))?
                 .stream_sequence;
-            let more = keep(decode(&m.payload)?);
+            // A message no broker wrote is left out of listings (and named in the log); the rest still reads.
+            let more = match decode(&m.payload) {
+                Ok(a) => keep(a),
+                Err(e) => {
+                    tracing::warn!(
+                        "{} message {seq} cannot be read, left out: {e:#}",
+                        subjects::ARCHIVE_STREAM
+                    );
+                    true
+                }
+            };
             if seq >= last {
                 return Ok(None);
             }
@@ -162,8 +172,8 @@ impl Archive {
         Ok(None)
     }
 
-    /// The ledger of every archived job.
-    pub async fn ledger(&self) -> anyhow::Result<Vec<LedgerEntry>> {
+    /// The ledger of every archived job, and the ledger messages that could not be read (left out).
+    pub async fn ledger(&self) -> anyhow::Result<(Vec<LedgerEntry>, Vec<UnreadableView>)> {
         let mut s = self.ledger.clone();
         let last = s
             .info()
@@ -172,8 +182,9 @@ impl Archive {
             .state
             .last_sequence;
         let mut out = Vec::new();
+        let mut unreadable = Vec::new();
         if last == 0 {
-            return Ok(out);
+            return Ok((out, unreadable));
         }
         let consumer = self
             .ledger
@@ -190,13 +201,18 @@ impl Archive {
                 .info()
                 .map_err(|e| anyhow::anyhow!("{e}"))?
                 .stream_sequence;
-            let batch: LedgerBatch = decode(&m.payload)?;
-            out.extend(batch.entries);
+            match decode::<LedgerBatch>(&m.payload) {
+                Ok(batch) => out.extend(batch.entries),
+                Err(e) => unreadable.push(UnreadableView {
+                    seq,
+                    reason: format!("{e:#}"),
+                }),
+            }
             if seq >= last {
                 break;
             }
         }
-        Ok(out)
+        Ok((out, unreadable))
     }
 }
 

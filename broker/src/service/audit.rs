@@ -10,7 +10,7 @@ use anyhow::Context;
 use async_nats::jetstream::{self, consumer, stream};
 use bytes::Bytes;
 use futures::StreamExt;
-use meridian_federation::{subjects, AuditEntry, AuditPage, AuditRequest};
+use meridian_federation::{subjects, AuditEntry, AuditPage, AuditRequest, UnreadableView};
 use std::collections::BTreeMap;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -78,9 +78,13 @@ impl Audit {
         }));
     }
 
-    /// A page of the trail.
+    /// A page of the trail: oldest first from `after_seq`, or newest first before `before_seq`. A message
+    /// that cannot be read is left out and named in the page's `unreadable`; the rest is answered.
     pub async fn read(&self, req: &AuditRequest) -> anyhow::Result<AuditPage> {
-        let limit = req.limit.unwrap_or(500).clamp(1, 5_000) as usize;
+        if req.newest_first {
+            return self.read_newest(req).await;
+        }
+        let limit = limit(req);
         let mut s = self.stream.clone();
         let last = s
             .info()
@@ -120,18 +124,7 @@ impl Audit {
                 .info()
                 .map_err(|e| anyhow::anyhow!("{e}"))?
                 .stream_sequence;
-            let entries: Vec<AuditEntry> =
-                serde_json::from_slice(&m.payload).context("an audit message is unreadable")?;
-            for e in entries {
-                let wanted = req.who.as_ref().is_none_or(|w| w == &e.who)
-                    && req
-                        .since_ms
-                        .is_none_or(|s| e.until_ms.unwrap_or(e.at_ms) >= s);
-                if wanted {
-                    bytes += serde_json::to_vec(&e).map_or(0, |b| b.len());
-                    page.entries.push(e);
-                }
-            }
+            bytes += take(&mut page, req, seq, &m.payload, false);
             if seq >= last {
                 return Ok(page);
             }
@@ -142,6 +135,85 @@ impl Audit {
         }
         Ok(page)
     }
+
+    /// Newest first: messages read one by one downwards from `before_seq` (or the newest).
+    async fn read_newest(&self, req: &AuditRequest) -> anyhow::Result<AuditPage> {
+        let limit = limit(req);
+        let mut s = self.stream.clone();
+        let state = s.info().await.context("reading the audit")?.state.clone();
+        let mut page = AuditPage::default();
+        let top = req.before_seq.map_or(state.last_sequence, |b| {
+            b.saturating_sub(1).min(state.last_sequence)
+        });
+        let mut bytes = 0usize;
+        let mut seq = top;
+        while seq >= state.first_sequence.max(1) {
+            let m = match self.stream.get_raw_message(seq).await {
+                Ok(m) => m,
+                Err(e) if e.kind() == stream::RawMessageErrorKind::NoMessageFound => {
+                    seq -= 1;
+                    continue;
+                }
+                Err(e) => return Err(e).context("reading the audit"),
+            };
+            // Everything below was stored before this one: older than `since`, when this is.
+            let stored_ms = (m.time.unix_timestamp_nanos() / 1_000_000) as u64;
+            if req.since_ms.is_some_and(|since| stored_ms < since) {
+                break;
+            }
+            bytes += take(&mut page, req, seq, &m.payload, true);
+            if page.entries.len() >= limit || bytes > PAGE_BYTES {
+                page.next = (seq > state.first_sequence.max(1)).then_some(seq);
+                break;
+            }
+            seq -= 1;
+        }
+        Ok(page)
+    }
+}
+
+fn limit(req: &AuditRequest) -> usize {
+    req.limit.unwrap_or(500).clamp(1, 5_000) as usize
+}
+
+/// Adds the wanted entries of message `seq` to the page (newest first when `reversed`), or names the message
+/// as unreadable; returns the bytes added.
+fn take(
+    page: &mut AuditPage,
+    req: &AuditRequest,
+    seq: u64,
+    payload: &[u8],
+    reversed: bool,
+) -> usize {
+    let mut entries: Vec<AuditEntry> = match serde_json::from_slice(payload) {
+        Ok(e) => e,
+        Err(e) => {
+            tracing::warn!(
+                "{} message {seq} cannot be read, left out: {e}",
+                subjects::AUDIT_STREAM
+            );
+            page.unreadable.push(UnreadableView {
+                seq,
+                reason: format!("not audit entries: {e}"),
+            });
+            return 0;
+        }
+    };
+    if reversed {
+        entries.reverse();
+    }
+    let mut bytes = 0;
+    for e in entries {
+        let wanted = req.who.as_ref().is_none_or(|w| w == &e.who)
+            && req
+                .since_ms
+                .is_none_or(|s| e.until_ms.unwrap_or(e.at_ms) >= s);
+        if wanted {
+            bytes += serde_json::to_vec(&e).map_or(0, |b| b.len());
+            page.entries.push(e);
+        }
+    }
+    bytes
 }
 
 /// Writes batches as they come and counted refusals once per interval.

@@ -8,7 +8,8 @@
 //!
 //! Rate limits are token buckets (the `governor` crate) per tenant and per site: a tenant's excess calls are
 //! answered "slow down" (HTTP 429 with `Retry-After`) before they reach the reactor, so one tenant's flood does
-//! not slow another's calls. Administrators are not limited.
+//! not slow another's calls. Administrators are not limited. Calls that fail authentication are limited per
+//! NATS identity (HTTP's together, as `anonymous`), so a credential without a token cannot keep the broker busy refusing.
 
 use meridian_core::access::{Principal, TokenRecord};
 use meridian_federation::{ErrorBody, ErrorCode};
@@ -35,6 +36,9 @@ pub struct Auth {
     tokens: tokio::sync::watch::Receiver<Tokens>,
     tenants: Option<Limiter>,
     sites: Option<Limiter>,
+    /// Calls that failed authentication, per NATS identity (HTTP's together, as `anonymous`): a flood of them is answered
+    /// "slow down" before any token is looked at.
+    strangers: Option<Limiter>,
 }
 
 /// Calls per second and burst.
@@ -94,6 +98,7 @@ impl Auth {
             tokens,
             tenants: limiter(tenant_rate),
             sites: limiter(site_rate),
+            strangers: limiter(tenant_rate),
         }
     }
 
@@ -149,6 +154,12 @@ impl Auth {
             .as_ref()
             .map_or_else(|| who.id.clone(), |t| t.to_string());
         check(self.tenants.as_ref(), key)
+    }
+
+    /// Whether a call from `identity` (`nats:<identity>`, or `anonymous` over HTTP) that failed authentication is answered
+    /// now; else how long to wait, ms.
+    pub fn admit_stranger(&self, identity: &str) -> Result<(), u64> {
+        check(self.strangers.as_ref(), identity.to_owned())
     }
 
     /// Whether a site's message is taken now; else how long it should wait, ms.

@@ -86,8 +86,65 @@ pub fn router(h: BrokerHandle) -> Router {
         .layer(DefaultBodyLimit::max(
             meridian_federation::MAX_MESSAGE_BYTES + 1,
         ))
+        .layer(axum::middleware::from_fn(bounded_body))
         .layer(axum::middleware::map_response(json_errors))
         .with_state(h)
+}
+
+/// The most of an oversized body read (and dropped) so that its sender gets the 413 answer: an HTTP/2
+/// server that answers before the body ends resets the stream, and clients then report a framing error
+/// instead of the answer.
+const DRAIN_BYTES: usize = 64 << 20;
+/// How long an oversized body is read for.
+const DRAIN_FOR: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Reads a request's body up to the message limit; over it, reads the rest (bounded by [`DRAIN_BYTES`] and
+/// [`DRAIN_FOR`]) and answers 413 in the API's JSON shape.
+async fn bounded_body(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    use futures::StreamExt;
+    let limit = meridian_federation::MAX_MESSAGE_BYTES;
+    let (parts, body) = req.into_parts();
+    let mut stream = body.into_data_stream();
+    let mut kept = Vec::new();
+    let mut total = 0usize;
+    let read = tokio::time::timeout(DRAIN_FOR, async {
+        while let Some(chunk) = stream.next().await {
+            let Ok(chunk) = chunk else { return false };
+            total += chunk.len();
+            if total <= limit {
+                kept.extend_from_slice(&chunk);
+            } else if total > DRAIN_BYTES {
+                break;
+            }
+        }
+        true
+    })
+    .await;
+    if total > limit {
+        let (_, body) = super::api::error(ErrorBody::new(
+            ErrorCode::TooLarge,
+            None,
+            format!("the request body is over the limit of {limit} bytes"),
+        ));
+        return (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            [(header::CONTENT_TYPE, "application/json")],
+            body,
+        )
+            .into_response();
+    }
+    if !matches!(read, Ok(true)) {
+        return respond(super::api::error(ErrorBody::new(
+            ErrorCode::Malformed,
+            None,
+            "the request body could not be read",
+        )));
+    }
+    next.run(axum::extract::Request::from_parts(
+        parts,
+        axum::body::Body::from(kept),
+    ))
+    .await
 }
 
 async fn no_route(uri: axum::http::Uri) -> Response {

@@ -77,6 +77,7 @@ pub struct Metrics {
     energy: Family<TenantLabel, FloatCounter>,
     co2e: Family<TenantLabel, FloatCounter>,
     burst: FloatCounter,
+    replies_refused: Family<Reason, Counter>,
     pending: Family<QueueReason, Gauge>,
     jobs: Family<Phase, Gauge>,
     sites: Family<StateLabel, Gauge>,
@@ -109,6 +110,7 @@ impl Metrics {
             energy: Family::default(),
             co2e: Family::default(),
             burst: FloatCounter::default(),
+            replies_refused: Family::default(),
             pending: Family::default(),
             jobs: Family::default(),
             sites: Family::default(),
@@ -172,6 +174,11 @@ impl Metrics {
             "Device time run on cloud-tier sites (bursts)",
             Unit::Seconds,
             m.burst.clone(),
+        );
+        r.register(
+            "meridian_replies_refused",
+            "Answers the broker did not send because the request named a reply subject that is not the caller's own inbox, by what was asked",
+            m.replies_refused.clone(),
         );
         r.register(
             "meridian_pending_jobs",
@@ -259,6 +266,15 @@ impl Metrics {
     }
 
     /// A step took `seconds` and made `offers` offers.
+    /// An answer withheld: its reply subject was not the caller's inbox.
+    pub fn reply_refused(&self, action: &str) {
+        self.replies_refused
+            .get_or_create(&Reason {
+                reason: action.to_owned(),
+            })
+            .inc();
+    }
+
     pub fn placement_step(&self, seconds: f64, offers: usize) {
         for _ in 0..offers {
             self.decision.observe(seconds / offers as f64);

@@ -12,6 +12,7 @@ pub mod http;
 pub mod journal;
 pub mod lease;
 pub mod metrics;
+pub mod reply;
 pub mod services;
 pub mod traces;
 
@@ -39,6 +40,11 @@ pub struct BrokerConfig {
     /// NATS servers, their CA and this broker's identity.
     #[command(flatten)]
     pub access: meridian_federation::access::Access,
+    /// This broker's storage identity: the NKey seed its JetStream connection (journal, lease, snapshots,
+    /// archive, ledger, audit) uses, a connection that never answers a request. Default: `<name>-store.nk`
+    /// beside `--creds` (`meridian creds add broker NAME` makes both).
+    #[arg(long, env = "MERIDIAN_STORE_CREDS")]
+    pub store_creds: Option<PathBuf>,
     /// The HTTP API's certificate (PEM); with `--tls-key`, the API speaks HTTPS.
     #[arg(long, env = "MERIDIAN_TLS_CERT")]
     pub tls_cert: Option<PathBuf>,
@@ -107,6 +113,19 @@ pub struct BrokerConfig {
     /// Messages a site may send at once above its rate.
     #[arg(long, default_value_t = 10_000)]
     pub site_burst: u32,
+}
+
+impl BrokerConfig {
+    /// How the storage connection reaches NATS: the same servers and CA, under the storage identity.
+    pub fn store_access(&self) -> meridian_federation::access::Access {
+        let mut a = self.access.clone();
+        a.creds = self.store_creds.clone().or_else(|| {
+            let creds = self.access.creds.as_ref()?;
+            let name = self.access.identity()?;
+            Some(creds.with_file_name(format!("{name}-store.nk")))
+        });
+        a
+    }
 }
 
 fn parse_region(s: &str) -> Result<(String, PathBuf), String> {
@@ -300,18 +319,23 @@ fn check_secured(cfg: &BrokerConfig) -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    let mut missing = Vec::new();
+    let mut missing: Vec<String> = Vec::new();
     if cfg.access.ca.is_none() {
-        missing.push("--ca (MERIDIAN_CA): the CA that signs the NATS servers");
+        missing.push("--ca (MERIDIAN_CA): the CA that signs the NATS servers".into());
     }
     if cfg.access.creds.is_none() {
-        missing.push("--creds (MERIDIAN_CREDS): this broker's NKey seed from `meridian creds add broker NAME`");
+        missing.push("--creds (MERIDIAN_CREDS): this broker's NKey seed from `meridian creds add broker NAME`".into());
+    } else if let Some(store) = cfg.store_access().creds.filter(|p| !p.exists()) {
+        missing.push(format!(
+            "--store-creds (MERIDIAN_STORE_CREDS): this broker's storage identity ({} does not exist; `meridian creds add broker NAME` makes it)",
+            store.display()
+        ));
     }
     if cfg.admin_token.as_deref().is_none_or(str::is_empty) {
-        missing.push("--admin-token (MERIDIAN_ADMIN_TOKEN): the administrator's API token");
+        missing.push("--admin-token (MERIDIAN_ADMIN_TOKEN): the administrator's API token".into());
     }
     if cfg.tls_cert.is_none() || cfg.tls_key.is_none() {
-        missing.push("--tls-cert and --tls-key: the HTTP API's certificate");
+        missing.push("--tls-cert and --tls-key: the HTTP API's certificate".into());
     }
     if !missing.is_empty() {
         anyhow::bail!(
@@ -393,6 +417,16 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
             .as_deref()
             .unwrap_or("an anonymous user")
     );
+    // JetStream over a connection of its own, which answers no request: no reply subject a caller names can
+    // reach the journal, lease, snapshots, archive, ledger or audit (nats-server's permissions say so too).
+    let store_access = cfg.store_access();
+    let store = store_access
+        .options("meridian broker store")?
+        .retry_on_initial_connect()
+        .max_reconnects(None)
+        .connect(meridian_federation::nats_servers(&store_access.nats))
+        .await
+        .with_context(|| format!("connecting to {} for storage", store_access.display_url()))?;
 
     let name = cfg.name.clone().unwrap_or_else(|| {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
@@ -408,7 +442,7 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
     let loading = std::time::Instant::now();
     let instance = format!("{name}-{}", now_ms());
     let mut journal = patiently("the journal", || {
-        journal::JetStreamJournal::open(client.clone(), instance.clone(), cfg.replicas)
+        journal::JetStreamJournal::open(store.clone(), instance.clone(), cfg.replicas)
     })
     .await?;
     journal.snapshot_every = cfg.snapshot_every.max(1);
@@ -427,7 +461,7 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
     let load_ms = loading.elapsed().as_millis();
 
     let acquire = patiently("the lease", || {
-        lease::Lease::acquire(client.clone(), &holder, cfg.replicas)
+        lease::Lease::acquire(store.clone(), &holder, cfg.replicas)
     });
     tokio::pin!(acquire);
     let mut follow = tokio::time::interval(Duration::from_millis(500));
@@ -485,11 +519,11 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
     reactor.observe();
     let (tx, rx) = mpsc::unbounded_channel();
     let archive = patiently("the archive", || {
-        archive::Archive::open(client.clone(), cfg.replicas)
+        archive::Archive::open(store.clone(), cfg.replicas)
     })
     .await?;
     let audit = patiently("the audit", || {
-        audit::Audit::open(client.clone(), cfg.replicas)
+        audit::Audit::open(store.clone(), cfg.replicas)
     })
     .await?;
     let (tokens_tx, tokens_rx) = tokio::sync::watch::channel(tokens_of(&reactor));
@@ -580,15 +614,26 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
                 break;
             }
             _ = renew.tick() => {
-                if let Err(e) = lease.renew().await {
-                    tracing::error!("stepping down: {e}");
-                    return Err(e.into());
+                // A renewal retries while NATS is gone: a signal still stops the broker meanwhile.
+                tokio::select! {
+                    renewed = lease.renew() => if let Err(e) = renewed {
+                        tracing::error!("stepping down: {e}");
+                        return Err(e.into());
+                    },
+                    _ = tokio::signal::ctrl_c() => break,
+                    _ = sigterm.recv() => break,
                 }
             }
         }
     }
     tracing::info!("broker stopping; handing the lease back");
-    lease.release().await;
+    // With NATS gone the lease cannot be handed back: it expires by itself, and the broker exits anyway.
+    if tokio::time::timeout(Duration::from_secs(2), lease.release())
+        .await
+        .is_err()
+    {
+        tracing::warn!("the lease could not be handed back; it expires by itself");
+    }
     Ok(())
 }
 
@@ -658,6 +703,14 @@ async fn spawn_site_listener(handle: &BrokerHandle, topic: SiteTopic) -> anyhow:
             let Some((site, _)) = subjects::parse_site(&m.subject) else {
                 continue;
             };
+            // Answers go only into the site's own inbox.
+            let to = reply::inbox(
+                &h,
+                site.as_str(),
+                &format!("site:{site}"),
+                topic.as_str(),
+                m.reply.as_ref().map(|r| r.as_str()),
+            );
             if let Err(wait) = h.auth.admit_site(site.as_str()) {
                 h.audit.refused(
                     now_ms(),
@@ -665,13 +718,13 @@ async fn spawn_site_listener(handle: &BrokerHandle, topic: SiteTopic) -> anyhow:
                     topic.as_str(),
                     "rate limited",
                 );
-                if let Some(reply) = m.reply {
+                if let Some(to) = &to {
                     let body = meridian_federation::ApiReply::<()>::err(auth::slow_down(
                         wait,
                         &format!("site {site}"),
                     ));
                     if let Ok(body) = encode(&body) {
-                        let _ = h.client.publish(reply, Bytes::from(body)).await;
+                        reply::send(&h.client, to, body).await;
                     }
                 }
                 continue;
@@ -718,12 +771,20 @@ async fn spawn_site_listener(handle: &BrokerHandle, topic: SiteTopic) -> anyhow:
                     // Queued in arrival order (so a site's updates apply in order); acknowledged once stored,
                     // without holding up the next update. A refusal (the site does not hold the attempt, or is
                     // revoked) is answered with the reason, so the agent stops retrying it.
+                    let running = (s.state == meridian_federation::AttemptState::Running)
+                        .then(|| (s.job.clone(), s.attempt));
                     let applied = h.step_queued(Event::Status(s));
                     let client = h.client.clone();
+                    let cancel_to = site.clone();
                     tokio::spawn(async move {
                         let body = match applied.await {
                             Ok(Ok(_)) => encode(&ack).ok(),
                             Ok(Err(e @ StepError::Refused(_))) => {
+                                // A site that says it runs an attempt the broker does not give it is told to
+                                // stop it (on its own subject: nothing is journaled).
+                                if let Some((job, attempt)) = running {
+                                    stop_unheld(&client, &cancel_to, job, attempt).await;
+                                }
                                 encode(&meridian_federation::ApiReply::<()>::err(
                                     meridian_federation::ErrorBody::new(
                                         e.code(),
@@ -735,8 +796,8 @@ async fn spawn_site_listener(handle: &BrokerHandle, topic: SiteTopic) -> anyhow:
                             }
                             _ => None,
                         };
-                        if let (Some(reply), Some(body)) = (m.reply, body) {
-                            let _ = client.publish(reply, Bytes::from(body)).await;
+                        if let (Some(to), Some(body)) = (to, body) {
+                            reply::send(&client, &to, body).await;
                         }
                     });
                 }
@@ -752,10 +813,10 @@ async fn spawn_site_listener(handle: &BrokerHandle, topic: SiteTopic) -> anyhow:
                         topic.as_str(),
                         &err.to_string(),
                     );
-                    if let Some(reply) = m.reply {
+                    if let Some(to) = &to {
                         let body = meridian_federation::ApiReply::<()>::err(err.to_body());
                         if let Ok(body) = encode(&body) {
-                            let _ = h.client.publish(reply, Bytes::from(body)).await;
+                            reply::send(&h.client, to, body).await;
                         }
                     }
                 }
@@ -763,6 +824,30 @@ async fn spawn_site_listener(handle: &BrokerHandle, topic: SiteTopic) -> anyhow:
         }
     });
     Ok(())
+}
+
+/// Tells `site` to stop an attempt it reports running that the broker does not give it.
+async fn stop_unheld(client: &async_nats::Client, site: &SiteId, job: JobId, attempt: u32) {
+    let cancel = meridian_federation::CancelAttempt {
+        v: WIRE_VERSION,
+        job,
+        attempt,
+        reason: "the broker does not give this attempt to this site".into(),
+    };
+    send_cancel(client, site, &cancel).await;
+}
+
+/// Tells `site` to stop one of its attempts.
+async fn send_cancel(
+    client: &async_nats::Client,
+    site: &SiteId,
+    cancel: &meridian_federation::CancelAttempt,
+) {
+    if let Ok(body) = encode(cancel) {
+        let _ = client
+            .publish(subjects::site(site, SiteTopic::Cancel), Bytes::from(body))
+            .await;
+    }
 }
 
 fn same_site(
@@ -965,8 +1050,8 @@ async fn reactor_loop(
         if !updates.is_empty() {
             let client = handle.client.clone();
             tokio::spawn(async move {
-                for (subject, body) in updates {
-                    let _ = client.publish(subject, Bytes::from(body)).await;
+                for (inbox, body) in updates {
+                    reply::send(&client, &inbox, body).await;
                 }
             });
         }
@@ -1225,7 +1310,14 @@ fn answer(
                 .get(&id)
                 .map(|j| views::job_view(j, st.sites(), reactor.rtt())),
         ),
-        Query::Explain(id) => Answer::Explain(reactor.explain(&id, now_ms())),
+        Query::Explain(id) => Answer::Explain(reactor.explain(&id, now_ms()).map(|mut v| {
+            if let Some(job) = st.jobs().get(&id) {
+                for (_, _, warning) in views::possibly_still_running(job, st.revoked_sites()) {
+                    v.history.push(warning);
+                }
+            }
+            v
+        })),
         Query::Sites => Answer::Sites(st.sites().values().map(views::site_view).collect()),
         Query::Format => Answer::Format(
             st.format(),
@@ -1235,7 +1327,19 @@ fn answer(
         ),
         Query::Tokens => Answer::Tokens(st.tokens().values().cloned().collect()),
         Query::Gauges => Answer::Gauges(reactor.gauges()),
-        Query::Timeline(id) => Answer::Timeline(st.jobs().get(&id).map(views::timeline)),
+        Query::Timeline(id) => Answer::Timeline(st.jobs().get(&id).map(|job| {
+            let mut t = views::timeline(job);
+            for (attempt, site, warning) in views::possibly_still_running(job, st.revoked_sites()) {
+                t.events.push(meridian_federation::TimelineEvent {
+                    at_ms: now_ms(),
+                    event: "note".into(),
+                    attempt: Some(attempt),
+                    site: Some(site),
+                    detail: warning,
+                });
+            }
+            t
+        })),
         Query::Tenancy => Answer::Tenancy(st.tenancy_toml().map(str::to_owned)),
         Query::History(from) => Answer::History(
             st.jobs()
@@ -1333,14 +1437,7 @@ fn send(handle: &BrokerHandle, command: Command, offer_timeout: Duration) {
                     _ => tracing::debug!("site {site} did not answer for its inventory"),
                 }
             }
-            Command::Cancel { site, cancel } => {
-                if let Ok(body) = encode(&cancel) {
-                    let _ = h
-                        .client
-                        .publish(subjects::site(&site, SiteTopic::Cancel), Bytes::from(body))
-                        .await;
-                }
-            }
+            Command::Cancel { site, cancel } => send_cancel(&h.client, &site, &cancel).await,
         }
     });
 }

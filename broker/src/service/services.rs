@@ -5,6 +5,7 @@
 //! restart or a takeover the windows start empty, so nothing is removed before a full scale-down delay of
 //! demand has been seen again.
 
+use super::reply::Inbox;
 use meridian_core::access::{Denied, Principal, Verb};
 use meridian_core::autoscale::{
     desired_from, offers, routes, Change, LocationDemand, Objective, Offer, Present, ReplicaKey,
@@ -59,14 +60,14 @@ struct Run {
 
 /// A gateway's watch of a routing table: where its changes go, until when, and what it last got.
 struct Watch {
-    deliver: String,
+    deliver: Inbox,
     until: Millis,
     seq: u64,
     last: RoutesView,
 }
 
-/// A message for a watcher: the subject and the encoded `ApiReply`.
-pub type Publish = (String, Vec<u8>);
+/// A message for a watcher: its inbox and the encoded `ApiReply`.
+pub type Publish = (Inbox, Vec<u8>);
 
 fn encoded<T: serde::Serialize>(reply: &ApiReply<T>) -> Vec<u8> {
     serde_json::to_vec(reply).unwrap_or_default()
@@ -607,7 +608,7 @@ pub enum ServiceCall {
         tenant: TenantId,
         name: ServiceName,
         who: Principal,
-        deliver: String,
+        deliver: Inbox,
         lease_ms: u64,
         reply: oneshot::Sender<Result<RoutesUpdate, StepError>>,
     },

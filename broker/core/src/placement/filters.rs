@@ -5,7 +5,7 @@ use super::terms::{terms, Terms};
 use super::{Reject, Request, View};
 use crate::model::{Device, Pool, Site};
 use crate::Millis;
-use meridian_federation::{DeviceShare, JobSpec, Locality};
+use meridian_federation::{BackendKind, DeviceShare, JobSpec, Locality};
 use std::collections::HashMap;
 
 /// What a pool of a site that passed [`site_reject`] is to a job now.
@@ -88,6 +88,13 @@ pub(super) fn site_reject(view: View<'_>, site: &Site, spec: &JobSpec) -> Option
     if let Some(region) = &c.residency {
         if view.regions.contains(region, site.info.location) != Some(true) {
             return Some(Reject::OutsideResidency(region.clone()));
+        }
+    }
+    // A site whose agent does not say how it runs work (an earlier release) is taken as before.
+    let wants = spec.run.adapter.as_deref().and_then(BackendKind::named);
+    if let (Some(wants), Some(has)) = (wants, site.info.backend) {
+        if wants != has {
+            return Some(Reject::Backend { wants, has });
         }
     }
     spec.datasets

@@ -76,8 +76,8 @@ use crate::throughput::Throughput;
 use crate::Millis;
 use indexed::place_indexed;
 use meridian_federation::{
-    AcceleratorKind, DeviceShare, JobKind, JobSpec, ModelName, Policy, PoolName, SiteId, Tier,
-    Weights,
+    AcceleratorKind, BackendKind, DeviceShare, JobKind, JobSpec, ModelName, Policy, PoolName,
+    SiteId, Tier, Weights,
 };
 use scan::place_over;
 use std::collections::BTreeMap;
@@ -128,6 +128,11 @@ pub enum Reject {
     SiteNotAllowed,
     OutsideResidency(String),
     MissingDataset(String),
+    /// The job asks for a backend (`run.adapter`) the site does not run.
+    Backend {
+        wants: BackendKind,
+        has: BackendKind,
+    },
     NoPoolOfKind(AcceleratorKind),
     ModelNotAllowed(ModelName),
     TooLittleMemory {
@@ -183,6 +188,12 @@ impl fmt::Display for Reject {
             Reject::SiteNotAllowed => write!(f, "site not in the job's allowed sites"),
             Reject::OutsideResidency(r) => write!(f, "outside residency region {r}"),
             Reject::MissingDataset(d) => write!(f, "lacks required dataset {d}"),
+            Reject::Backend { wants, has } => write!(
+                f,
+                "runs its work on backend {}, the job asks for {}",
+                has.as_str(),
+                wants.as_str()
+            ),
             Reject::NoPoolOfKind(k) => write!(f, "no {} pool", k.as_str()),
             Reject::ModelNotAllowed(m) => write!(f, "model {m} not allowed"),
             Reject::TooLittleMemory { has_mib, needs_mib } => {

@@ -11,7 +11,7 @@ use super::{
 };
 use crate::model::{Pool, Site};
 use crate::Millis;
-use meridian_federation::{DeviceShare, JobKind, Policy, SiteId, Tier};
+use meridian_federation::{DeviceShare, JobKind, JobSpec, Policy, SiteId, Tier};
 
 pub(super) fn place_over<'s>(
     view: View<'s>,
@@ -97,6 +97,14 @@ pub(super) fn place_over<'s>(
     }
 
     let any_shape_fits = candidates.iter().any(|c| c.terms.is_some());
+    // A model no pool has is named as such, not as one site's miss (looked up only when nothing fits).
+    if !any_shape_fits && !spec.resources.models.is_empty() {
+        if let Some(why) = no_such_model(view, spec, &candidates) {
+            if let Some((_, miss)) = nearest_miss.as_mut() {
+                *miss = why;
+            }
+        }
+    }
     let tiers: Vec<Tier> = candidates.iter().map(|c| c.tier).collect();
     let tier_of = |i: usize| tiers[i];
     let first_ready_tier = ready.iter().map(|(i, _)| tier_of(*i)).min();
@@ -244,4 +252,39 @@ pub(super) fn place_over<'s>(
         candidates,
         pruned: Vec::new(),
     }
+}
+
+/// When the job allows only models that no examined pool of its kind has: says so, with the models there are.
+fn no_such_model(view: View<'_>, spec: &JobSpec, candidates: &[Candidate]) -> Option<String> {
+    let mut seen = std::collections::BTreeSet::new();
+    for c in candidates {
+        let pool = c.pool.as_ref().and_then(|name| {
+            view.sites
+                .get(&c.site)?
+                .pools
+                .iter()
+                .find(|p| &p.name == name)
+        });
+        if let Some(p) = pool.filter(|p| p.kind == spec.resources.kind) {
+            if p.model_allowed(&spec.resources.models) {
+                return None;
+            }
+            seen.insert(p.model.to_string());
+        }
+    }
+    if seen.is_empty() {
+        return None;
+    }
+    let asked: Vec<String> = spec
+        .resources
+        .models
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    let seen: Vec<String> = seen.into_iter().collect();
+    Some(format!(
+        "no pool examined has the model the job allows ({}): the pools have {}",
+        asked.join(", "),
+        seen.join(", ")
+    ))
 }

@@ -6,7 +6,37 @@ use crate::durable::FORMAT_VERSION;
 use crate::journal::Journal;
 use crate::placement::KNEE_FORMAT;
 use crate::Millis;
-use meridian_federation::Policy;
+use meridian_federation::{BackendKind, Policy, RunSpec};
+
+/// A job field no backend would honour is refused, never ignored: a backend (`run.adapter`) no release has, or
+/// a container image (`run.image`) where no backend runs one.
+fn check_run(run: &RunSpec) -> Result<(), StepError> {
+    let names = || {
+        BackendKind::ALL
+            .iter()
+            .map(|b| b.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if let Some(a) = run.adapter.as_deref() {
+        if BackendKind::named(a).is_none() {
+            return Err(StepError::Invalid {
+                field: "run.adapter".into(),
+                problem: format!("no backend is called {a:?}: the backends are {}", names()),
+            });
+        }
+    }
+    if run.image.is_some() && !BackendKind::ALL.iter().any(|b| b.runs_images()) {
+        return Err(StepError::Invalid {
+            field: "run.image".into(),
+            problem: format!(
+                "no backend runs container images ({}): the job would run without its image, so it is refused",
+                names()
+            ),
+        });
+    }
+    Ok(())
+}
 
 impl<J: Journal> Reactor<J> {
     /// Refuses events that would not change state, before anything is journaled.
@@ -14,6 +44,7 @@ impl<J: Journal> Reactor<J> {
         self.check_sender(event)?;
         match event {
             Event::Submit(spec) => {
+                check_run(&spec.run)?;
                 // Time-dependent checks happen here, before the journal; replay never repeats them. (A known
                 // idempotency key returns its job whatever the time.)
                 let known = self
@@ -178,7 +209,8 @@ impl<J: Journal> Reactor<J> {
                 spec.validate().map_err(|e| StepError::Invalid {
                     field: e.field().unwrap_or("service").to_owned(),
                     problem: e.to_string(),
-                })
+                })?;
+                check_run(&spec.run)
             }
             Event::ServiceDeleted { tenant, service } => {
                 if self
@@ -252,11 +284,23 @@ impl<J: Journal> Reactor<J> {
                 .get(&s.job)
                 .and_then(|j| j.runs.iter().find(|r| r.attempt == s.attempt))
                 .map(|r| &r.site);
-            if let Some(holder) = holder.filter(|h| *h != &s.site) {
-                return Err(StepError::Refused(format!(
-                    "site {} spoke of attempt {} of job {}, which site {holder} holds",
-                    s.site, s.attempt, s.job
-                )));
+            match holder {
+                Some(holder) if holder != &s.site => {
+                    return Err(StepError::Refused(format!(
+                        "site {} spoke of attempt {} of job {}, which site {holder} holds",
+                        s.site, s.attempt, s.job
+                    )));
+                }
+                Some(_) => {}
+                // Nobody holds it: the job is not live (finished and archived, or never was), or the attempt
+                // was never offered. Nothing is journaled for it.
+                None => {
+                    return Err(StepError::Refused(format!(
+                        "site {} spoke of attempt {} of job {}, which no site holds: the job is not live or \
+                         the attempt was never offered",
+                        s.site, s.attempt, s.job
+                    )));
+                }
             }
         }
         Ok(())

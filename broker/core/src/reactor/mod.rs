@@ -362,6 +362,26 @@ impl<J: Journal> Reactor<J> {
             Event::SiteRevoked { site } => {
                 self.state.revoked_sites.insert(site.clone());
                 if self.state.sites.get(&site).is_some_and(|s| s.up) {
+                    // Before the broker stops listening to it, the site is told to stop everything it was
+                    // given: an honest agent obeys, so requeued work does not run twice. (A hostile one need
+                    // not: the explanation says the attempt may still run there.)
+                    let held: Vec<(JobId, u32)> = self
+                        .state
+                        .active_jobs()
+                        .filter(|j| {
+                            j.holds_devices()
+                                && j.assignment.as_ref().is_some_and(|a| a.site == site)
+                        })
+                        .map(|j| (j.id.clone(), j.attempt))
+                        .collect();
+                    for (job, attempt) in held {
+                        self.cancel_attempt(
+                            site.clone(),
+                            job,
+                            attempt,
+                            format!("site {site} was revoked: its work is requeued elsewhere"),
+                        );
+                    }
                     self.on_site_lost(now, &site);
                 }
                 Response::Site(site)

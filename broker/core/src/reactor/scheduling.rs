@@ -489,7 +489,8 @@ pub(super) struct Tried {
 }
 
 /// What tells waiting jobs apart for placement and quota: their resources, replicas, constraints, whether they
-/// run on spot capacity, required datasets, start window and (with a deadline) expected duration, encoded.
+/// run on spot capacity, required datasets, start window, (with a deadline) expected duration and the backend
+/// it asks for, encoded.
 fn shape(spec: &JobSpec) -> Vec<u8> {
     #[derive(serde::Serialize)]
     struct Shape<'a> {
@@ -501,6 +502,9 @@ fn shape(spec: &JobSpec) -> Vec<u8> {
         must: Vec<&'a str>,
         window: &'a meridian_federation::Window,
         duration_s: Option<u64>,
+        /// The backend it asks for (left out when none, so other jobs' shapes are as before).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        adapter: Option<&'a str>,
     }
     let must = spec
         .datasets
@@ -517,6 +521,7 @@ fn shape(spec: &JobSpec) -> Vec<u8> {
         must,
         window: &spec.window,
         duration_s: spec.window.deadline_ms.and(spec.duration_s),
+        adapter: spec.run.adapter.as_deref(),
     })
     .unwrap_or_default()
 }

@@ -400,10 +400,17 @@ fn hard_limits_name_the_nearest_miss() {
     }
     spec.resources.count = 1;
     spec.resources.models = vec!["V100".into()];
-    assert!(matches!(
-        choose(trio(), &spec, 0),
-        Outcome::Wait(Wait::NoSiteFits { .. })
-    ));
+    // A model no pool has is named as such.
+    match choose(trio(), &spec, 0) {
+        Outcome::Wait(Wait::NoSiteFits {
+            nearest_miss: Some((_, why)),
+        }) => assert!(
+            why.contains("no pool examined has the model the job allows (V100)")
+                && why.contains("A100"),
+            "{why}"
+        ),
+        other => panic!("expected no fit, got {other:?}"),
+    }
 }
 
 #[test]
@@ -581,4 +588,53 @@ fn a_queue_policy_places_the_jobs_that_name_none() {
         .unwrap_err()
         .to_string()
         .contains("max_cost_premium"));
+}
+
+/// A job that asks for a backend (`run.adapter`) goes only to sites that run it, on the scan and the indexed
+/// paths alike; a site that does not say how it runs work (an earlier agent) is taken as before; a job asking
+/// for none goes anywhere.
+#[test]
+fn a_job_asking_for_a_backend_goes_only_to_sites_that_run_it() {
+    let adverts = || {
+        vec![
+            site("cheap-process", Tier::Owned, 39.0, -77.5)
+                .gpus("A100", 8, 1.0)
+                .backend(BackendKind::Process)
+                .build(),
+            site("dear-noop", Tier::Owned, 45.6, -121.2)
+                .gpus("A100", 8, 3.0)
+                .backend(BackendKind::Noop)
+                .build(),
+        ]
+    };
+    let mut spec = job("k", 1);
+    spec.policy = Some(Policy::Cost);
+    assert_eq!(chosen_site(&choose(adverts(), &spec, 0)), "cheap-process");
+    spec.run.adapter = Some("noop".into());
+    for outcome in [
+        choose(adverts(), &spec, 0),
+        choose_indexed(adverts(), &spec, 0),
+    ] {
+        assert_eq!(chosen_site(&outcome), "dear-noop");
+    }
+    // `local`, the name of earlier releases, is the process backend.
+    spec.run.adapter = Some("local".into());
+    assert_eq!(chosen_site(&choose(adverts(), &spec, 0)), "cheap-process");
+    // No site runs it: the job waits, and says why.
+    let only_process = vec![adverts().remove(0)];
+    spec.run.adapter = Some("noop".into());
+    match choose(only_process, &spec, 0) {
+        Outcome::Wait(Wait::NoSiteFits {
+            nearest_miss: Some((_, why)),
+        }) => assert!(
+            why.contains("backend process, the job asks for noop"),
+            "{why}"
+        ),
+        other => panic!("expected no fit, got {other:?}"),
+    }
+    // An agent that does not advertise its backend is taken as before.
+    let unknown = vec![site("older", Tier::Owned, 39.0, -77.5)
+        .gpus("A100", 8, 1.0)
+        .build()];
+    assert_eq!(chosen_site(&choose(unknown, &spec, 0)), "older");
 }

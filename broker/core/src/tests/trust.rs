@@ -63,6 +63,39 @@ fn a_site_cannot_end_or_meter_an_attempt_another_site_holds() {
     assert_eq!(env.phase(&id), JobPhase::Succeeded);
 }
 
+/// A status about an attempt no site holds — of a job that is not live, or an attempt never offered — is
+/// refused: nothing is journaled for it.
+#[test]
+fn a_status_about_an_attempt_nobody_holds_is_refused_and_journals_nothing() {
+    let mut env = TestEnv::new(trio());
+    let id = env.submit(job("k1", 1));
+    let offer = env.take_offers().remove(0);
+    env.answer(&offer, OfferOutcome::Accepted);
+    let records = env.reactor.journal().records.len();
+    let mut never_offered = offer.clone();
+    never_offered.attempt += 5;
+    let mut not_live = offer.clone();
+    not_live.job = JobId::numbered(999);
+    for o in [&never_offered, &not_live] {
+        let e = env
+            .reactor
+            .step(
+                env.now,
+                status_from(o, offer.site.as_str(), AttemptState::Running, env.now),
+            )
+            .unwrap_err();
+        assert!(
+            matches!(&e, StepError::Refused(m) if m.contains("which no site holds")),
+            "{e}"
+        );
+    }
+    assert_eq!(env.reactor.journal().records.len(), records);
+    assert!(env.reactor.take_outbox().is_empty(), "nothing sent");
+    // The holder's word about its own attempt is taken.
+    env.status(&offer, AttemptState::Running, 0);
+    assert_eq!(env.phase(&id), JobPhase::Running);
+}
+
 #[test]
 fn a_revoked_site_is_lost_at_once_and_nothing_it_says_is_taken() {
     let mut env = TestEnv::new(trio());
@@ -70,10 +103,20 @@ fn a_revoked_site_is_lost_at_once_and_nothing_it_says_is_taken() {
     let offer = env.take_offers().remove(0);
     env.answer(&offer, OfferOutcome::Accepted);
     env.status(&offer, AttemptState::Running, 0);
+    env.sent.clear();
     env.step(Event::SiteRevoked {
         site: offer.site.clone(),
     });
     assert!(!env.reactor.state().sites()[&offer.site].up);
+    // Before it is heard no more, it is told to stop what it was given.
+    assert!(
+        env.sent
+            .iter()
+            .any(|c| matches!(c, Command::Cancel { site, cancel }
+            if *site == offer.site && cancel.job == id && cancel.attempt == offer.attempt)),
+        "{:?}",
+        env.sent
+    );
     // Its job went elsewhere.
     let next = env.take_offers();
     assert!(next.iter().all(|o| o.site != offer.site), "{next:?}");
@@ -183,4 +226,27 @@ fn tokens_are_kept_revoked_and_survive_a_snapshot() {
         replayed.reactor.state().tokens(),
         env.reactor.state().tokens()
     );
+}
+
+/// A job field no backend would honour is refused at submission, never ignored: a container image (no backend
+/// runs one), a backend no release has. Nothing is journaled. A service's replicas are held to the same.
+#[test]
+fn a_job_field_no_backend_honours_is_refused_at_submission() {
+    let mut env = TestEnv::new(trio());
+    let records = env.reactor.journal().records.len();
+    let mut with_image = job("image", 1);
+    with_image.run.image = Some("nvcr.io/nvidia/pytorch:24.01".into());
+    let mut unknown_backend = job("k8s", 1);
+    unknown_backend.run.adapter = Some("kubernetes".into());
+    for (spec, field) in [(with_image, "run.image"), (unknown_backend, "run.adapter")] {
+        let e = env.reactor.step(env.now, Event::Submit(spec)).unwrap_err();
+        assert!(
+            matches!(&e, StepError::Invalid { field: f, .. } if f == field),
+            "{e}"
+        );
+    }
+    assert_eq!(env.reactor.journal().records.len(), records);
+    let mut known = job("noop", 1);
+    known.run.adapter = Some("noop".into());
+    env.submit(known);
 }
