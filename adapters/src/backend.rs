@@ -9,6 +9,7 @@
 //! - [`ProcessBackend`]: each attempt a process group on the agent's host under a shim ([`crate::local`]).
 //! - [`NoopBackend`]: nothing runs; an attempt is running until it is stopped (dry runs, measurements).
 //! - [`crate::slurm::SlurmBackend`]: each attempt a batch job of the site's Slurm cluster.
+//! - [`crate::ec2::Ec2Backend`]: each attempt on a cloud instance created for it through EC2's API.
 
 use crate::local::{self, Launch, Running};
 use crate::AdapterError;
@@ -34,6 +35,11 @@ pub struct Attempt<'a> {
     pub model: &'a str,
     pub devices: u32,
     pub time_limit_s: Option<u64>,
+    /// The node of the pool Meridian packed the attempt on (its first device's index over the pool's
+    /// devices per node): backends that pin an attempt to a node or instance use it.
+    pub node: u32,
+    /// Whether the job allows spot capacity.
+    pub spot: bool,
 }
 
 /// A backend's own name for an attempt it runs, kept in the agent's record of the attempt.
@@ -95,23 +101,38 @@ pub trait Backend: Send {
     fn free(&mut self, _pools: &[PoolAdvert]) -> Option<BTreeMap<PoolName, u32>> {
         None
     }
+    /// The pools the backend itself finds at start (a cloud's instance types), in place of the site file's:
+    /// `None` where the site file declares them.
+    fn pools(&mut self) -> Result<Option<Vec<PoolAdvert>>, AdapterError> {
+        Ok(None)
+    }
+    /// Housekeeping, called a few times a second (a cloud backend terminates the instances idle too long).
+    fn tick(&mut self) {}
+    /// The span an attempt that just ended is billed for, ms since the epoch, where the backend bills other
+    /// than its run (a cloud instance's boot and idle time): `None` bills the run.
+    fn bill(&mut self, _h: &Handle, _ended_ms: u64) -> Option<(u64, u64)> {
+        None
+    }
     /// The last lines of an attempt's log.
     fn logs(&self, dir: &Path, lines: usize) -> std::io::Result<String> {
         local::tail(&dir.join("output.log"), lines)
     }
 }
 
-/// The backend a site file names.
+/// The backend a site file names, for site `site`.
 pub fn for_site(
     kind: BackendKind,
+    site: &str,
     process: ProcessSettings,
     slurm: crate::slurm::SlurmSettings,
-) -> Box<dyn Backend> {
-    match kind {
+    ec2: crate::ec2::Ec2Settings,
+) -> Result<Box<dyn Backend>, AdapterError> {
+    Ok(match kind {
         BackendKind::Process => Box::new(ProcessBackend::new(process)),
         BackendKind::Noop => Box::new(NoopBackend::default()),
         BackendKind::Slurm => Box::new(crate::slurm::SlurmBackend::new(slurm)),
-    }
+        BackendKind::Ec2 => Box::new(crate::ec2::Ec2Backend::new(ec2, site, process)?),
+    })
 }
 
 /// How the process backend runs attempts.
@@ -141,6 +162,11 @@ impl ProcessBackend {
             settings,
             started: HashMap::new(),
         }
+    }
+
+    /// Where each attempt's process-group file is kept (`<name>.pgid`).
+    pub fn run_dir(&self) -> &Path {
+        &self.settings.run_dir
     }
 
     fn path(h: &Handle) -> &Path {
@@ -288,6 +314,8 @@ mod tests {
             model: "A100",
             devices: 1,
             time_limit_s: None,
+            node: 0,
+            spot: false,
         }
     }
 

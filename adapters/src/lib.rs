@@ -2,6 +2,7 @@
 //!
 //! - [`backend`]: the one interface the agent drives to run the attempts it accepts (submit, cancel, poll,
 //!   take back after a restart, logs), with the process and no-op backends.
+//! - [`slurm`], [`ec2`]: the batch-system and cloud-burst backends.
 //! - [`local`]: runs a job's command as a local process group under a small supervising shim, which stops
 //!   every process of the job on a cancel, and keeps it for a restarted agent to take back.
 //! - [`device_metrics`]: the Prometheus families of the devices agents report.
@@ -10,6 +11,7 @@
 
 pub mod backend;
 pub mod device_metrics;
+pub mod ec2;
 pub mod local;
 pub mod probe;
 pub mod slurm;

@@ -541,6 +541,8 @@ mod tests {
             model: "A100",
             devices: 2,
             time_limit_s: None,
+            node: 0,
+            spot: false,
         };
         let s = batch_script(&a);
         assert!(s.contains("export GREETING='it'\\''s \"here\"'\n"), "{s}");

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 pub use meridian_broker::local;
 
+pub mod ec2;
 pub mod slurm;
 
 /// The workspace's `configs/` folder.

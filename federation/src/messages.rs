@@ -154,16 +154,24 @@ pub enum BackendKind {
     Noop,
     /// Each attempt is a batch job of the site's Slurm cluster (`sbatch`), which picks the devices.
     Slurm,
+    /// Each attempt runs on a cloud instance the agent creates through EC2's API for it (a burst region).
+    Ec2,
 }
 
 impl BackendKind {
-    pub const ALL: [BackendKind; 3] = [BackendKind::Process, BackendKind::Noop, BackendKind::Slurm];
+    pub const ALL: [BackendKind; 4] = [
+        BackendKind::Process,
+        BackendKind::Noop,
+        BackendKind::Slurm,
+        BackendKind::Ec2,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             BackendKind::Process => "process",
             BackendKind::Noop => "noop",
             BackendKind::Slurm => "slurm",
+            BackendKind::Ec2 => "ec2",
         }
     }
 
@@ -173,6 +181,7 @@ impl BackendKind {
             "process" | "local" => Some(BackendKind::Process),
             "noop" => Some(BackendKind::Noop),
             "slurm" => Some(BackendKind::Slurm),
+            "ec2" => Some(BackendKind::Ec2),
             _ => None,
         }
     }

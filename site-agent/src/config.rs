@@ -42,6 +42,8 @@ pub struct SiteFile {
     pub egress_usd_per_gb: f64,
     #[serde(default)]
     pub datasets: Vec<DatasetEntry>,
+    /// The site's pools (none for an `ec2` site: its pools are the instance types it may create).
+    #[serde(default)]
     pub pools: Vec<PoolEntry>,
     #[serde(default)]
     pub agent: AgentSettings,
@@ -55,13 +57,18 @@ pub struct SiteFile {
 #[serde(deny_unknown_fields)]
 pub struct BackendSection {
     /// `process` (each attempt a process group on the agent's host; the default), `slurm` (each attempt a
-    /// batch job of the site's Slurm cluster) or `noop` (accepted and reported running, nothing started).
+    /// batch job of the site's Slurm cluster), `ec2` (each attempt on a cloud instance created for it) or
+    /// `noop` (accepted and reported running, nothing started).
     /// The command line's `--executor` wins.
     #[serde(default)]
     pub kind: meridian_federation::BackendKind,
     /// `[backend.slurm]`: the Slurm backend's settings (command prefix, partitions, accounts).
     #[serde(default)]
     pub slurm: meridian_adapters::slurm::SlurmSettings,
+    /// `[backend.ec2]`: the EC2 backend's settings (regions, image, instance types and prices, caps, idle
+    /// time, launcher). Its pools are the instance types, as EC2 describes their GPUs.
+    #[serde(default)]
+    pub ec2: meridian_adapters::ec2::Ec2Settings,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -180,6 +187,9 @@ pub enum SiteFileError {
     /// The advert it makes breaks the wire's rules for site data.
     #[error(transparent)]
     Invalid(#[from] meridian_federation::WireError),
+    /// A backend's settings that cannot work.
+    #[error("{0}")]
+    Backend(String),
 }
 
 fn usd_to_micro(field: &str, usd: f64) -> Result<u64, SiteFileError> {
@@ -195,6 +205,18 @@ fn usd_to_micro(field: &str, usd: f64) -> Result<u64, SiteFileError> {
 /// Parses and checks a site file. Errors name the line and field.
 pub fn parse_site_file(text: &str) -> Result<SiteFile, SiteFileError> {
     let file: SiteFile = toml::from_str(text)?;
+    if file.backend.kind == meridian_federation::BackendKind::Ec2 {
+        // Its pools are the instance types EC2 describes at start; the site's own data is checked here.
+        if !file.pools.is_empty() {
+            return Err(SiteFileError::Backend(
+                "pools: an ec2 site declares none (its pools are backend.ec2.instance_types)"
+                    .into(),
+            ));
+        }
+        file.backend.ec2.check().map_err(SiteFileError::Backend)?;
+        meridian_federation::validate::Validate::validate(&file.site_info(0)?)?;
+        return Ok(file);
+    }
     // The advert's validation is the one set of rules for site data; check it here too, at start.
     let advert = file.advert(0, 0)?;
     meridian_federation::validate::Validate::validate(&advert)?;

@@ -270,6 +270,23 @@ impl AgentCore {
         self.use_devices(&pool, &devices, false);
     }
 
+    /// Withdraws an acceptance whose attempt could not be started (its backend could not run it): its devices
+    /// are free again, and this offer, and any repeat of it, is answered as refused for `reason`.
+    pub fn withdraw(&mut self, job: &JobId, attempt: u32, reason: String) -> OfferReply {
+        self.on_finished(job, attempt);
+        let reply = OfferReply {
+            v: WIRE_VERSION,
+            job: job.clone(),
+            attempt,
+            outcome: OfferOutcome::Rejected { reason },
+            mark: None,
+        };
+        if let Some(a) = self.attempts.get_mut(&(job.clone(), attempt)) {
+            a.reply = reply.clone();
+        }
+        reply
+    }
+
     /// Takes back an attempt an earlier run of this agent accepted and left running (its process outlived the
     /// agent): it holds its devices again, and a repeated offer for it is answered as accepted.
     pub fn adopt(

@@ -70,6 +70,9 @@ struct Proc {
     reported_checkpoint: Option<String>,
     /// The attempt's trace and the broker's `offer` span (from the offer's `traceparent` header).
     trace: Option<([u8; 16], [u8; 8])>,
+    /// The span its backend bills once it ended (a cloud instance's boot and idle included), when that is
+    /// not its run.
+    billed: Option<(u64, u64)>,
 }
 
 struct Agent {
@@ -103,8 +106,12 @@ struct Agent {
 /// The most offers answered together (their status updates forced to disk once, then their replies sent).
 const OFFER_BURST: usize = 256;
 
-/// Pools from the site file, with NVIDIA GPU pools replaced by what NVML finds where it is available.
-fn inventory(site: &SiteFile) -> anyhow::Result<Vec<PoolAdvert>> {
+/// The pools the backend finds (a cloud's instance types), or those of the site file, with NVIDIA GPU pools
+/// replaced by what NVML finds where it is available.
+fn inventory(site: &SiteFile, backend: &mut dyn Backend) -> anyhow::Result<Vec<PoolAdvert>> {
+    if let Some(pools) = backend.pools()? {
+        return Ok(pools);
+    }
     let mut pools = site.pools()?;
     if site.agent.nvml == NvmlMode::Off {
         return Ok(pools);
@@ -172,7 +179,23 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     let info = site
         .site_info(now_ms() - now_ms() % 3_600_000)
         .map_err(anyhow::Error::msg)?;
-    let core = AgentCore::new(info, inventory(site)?, site.agent.draining);
+    let mut backend = backend::for_site(
+        site.backend.kind,
+        site.id.as_str(),
+        backend::ProcessSettings {
+            shim_program: std::env::current_exe()?,
+            run_dir: opts.work_dir.join("run"),
+            grace: Duration::from_millis(site.agent.grace_ms),
+            adopt_grace: Duration::from_millis(site.agent.readopt_ms),
+        },
+        site.backend.slurm.clone(),
+        site.backend.ec2.clone(),
+    )?;
+    let core = AgentCore::new(
+        info,
+        inventory(site, backend.as_mut())?,
+        site.agent.draining,
+    );
     let id = core.info.id.clone();
     let client = opts
         .access
@@ -203,16 +226,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
 
     let mut agent = Agent {
         core,
-        backend: backend::for_site(
-            site.backend.kind,
-            backend::ProcessSettings {
-                shim_program: std::env::current_exe()?,
-                run_dir: opts.work_dir.join("run"),
-                grace: Duration::from_millis(site.agent.grace_ms),
-                adopt_grace: Duration::from_millis(site.agent.readopt_ms),
-            },
-            site.backend.slurm.clone(),
-        ),
+        backend,
         client: client.clone(),
         work_dir: opts.work_dir.clone(),
         procs: HashMap::new(),
@@ -304,6 +318,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
             _ = advert.tick() => agent.publish_advert().await,
             _ = metrics.tick(), if site.agent.metrics_ms > 0 => agent.publish_metrics(nvml).await,
             _ = reap.tick() => {
+                agent.backend.tick();
                 agent.take_back_spot();
                 agent.reap_finished().await;
                 if agent.advert_due {
@@ -608,8 +623,11 @@ impl Agent {
             site: self.core.info.id.clone(),
             state,
             at_ms: now,
-            started_at_ms: p.map(|p| p.started_ms),
-            runtime_ms: p.map(|p| now.saturating_sub(p.started_ms)),
+            started_at_ms: p.map(|p| p.billed.map_or(p.started_ms, |b| b.0)),
+            runtime_ms: p.map(|p| {
+                p.billed
+                    .map_or(now.saturating_sub(p.started_ms), |(from, to)| to - from)
+            }),
             checkpoint,
             mark: Some(self.mark()),
         };
@@ -670,16 +688,15 @@ impl Agent {
         let (mut reply, start) = self.core.on_offer(&offer);
         if start {
             if let Err(e) = self.start(&offer, trace) {
-                tracing::error!("job {} attempt {}: {e}", offer.job, offer.attempt);
-                self.core.on_finished(&offer.job, offer.attempt);
-                self.status(
+                // Refused, not accepted and lost: the broker places the job elsewhere and skips this site
+                // for it a while; a backend that could not create capacity advertises the pool full.
+                tracing::warn!("job {} attempt {} refused: {e:#}", offer.job, offer.attempt);
+                reply = self.core.withdraw(
                     &offer.job,
                     offer.attempt,
-                    AttemptState::Interrupted {
-                        reason: format!("could not start: {e}"),
-                    },
-                    None,
+                    format!("could not start: {e:#}"),
                 );
+                self.follow_site_capacity();
             }
         }
         if reply.outcome == meridian_federation::OfferOutcome::Accepted {
@@ -739,6 +756,10 @@ impl Agent {
             model: &model,
             // Whole devices, at least one for a share of one.
             devices: offer.devices.len() as u32,
+            node: offer.devices.first().map_or(0, |d| {
+                d.index / pool.map_or(1, |p| p.devices_per_node.max(1))
+            }),
+            spot: offer.spec.spot,
             // Past its deadline the job is of no use: a backend that enforces limits ends it there.
             time_limit_s: offer
                 .spec
@@ -773,6 +794,7 @@ impl Agent {
             record_path,
             reported_checkpoint: None,
             trace,
+            billed: None,
         };
         self.status(&offer.job, offer.attempt, AttemptState::Running, Some(&p));
         self.procs.insert((offer.job.clone(), offer.attempt), p);
@@ -889,9 +911,10 @@ impl Agent {
             else {
                 continue;
             };
-            let Some(p) = self.procs.remove(&(job.clone(), attempt)) else {
+            let Some(mut p) = self.procs.remove(&(job.clone(), attempt)) else {
                 continue;
             };
+            p.billed = self.backend.bill(&p.handle, now_ms());
             tracing::info!("job {job} attempt {attempt} ended: {state:?}");
             if let Some(t) = &self.telemetry {
                 t.span(&run_span(&self.core.info.id, &job, attempt, &p, &state));
@@ -989,6 +1012,7 @@ impl Agent {
                         reported_checkpoint: None,
                         // Taken back after a restart: the ids follow from the job and attempt.
                         trace: None,
+                        billed: None,
                     },
                 );
                 adopted += 1;
