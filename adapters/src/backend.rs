@@ -108,6 +108,9 @@ pub trait Backend: Send {
     }
     /// Housekeeping, called a few times a second (a cloud backend terminates the instances idle too long).
     fn tick(&mut self) {}
+    /// The agent stops: what nothing runs on is let go (a cloud backend terminates its idle instances; the
+    /// running attempts stay for a restarted agent to take back).
+    fn shutdown(&mut self) {}
     /// The span an attempt that just ended is billed for, ms since the epoch, where the backend bills other
     /// than its run (a cloud instance's boot and idle time): `None` bills the run.
     fn bill(&mut self, _h: &Handle, _ended_ms: u64) -> Option<(u64, u64)> {

@@ -204,6 +204,16 @@ impl SlurmCluster {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// Where one of the daemons' logs is (`slurmctld.log`, `slurmd-gpu1.log`, `munged.log`).
+    pub fn log_path(&self, name: &str) -> PathBuf {
+        self.dir.path().join("log").join(name)
+    }
+
+    /// One of the daemons' logs, as far as it is written.
+    pub fn log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.log_path(name)).unwrap_or_default()
+    }
+
     /// The jobs in Slurm's queue: `(id, name, state)`.
     pub fn queue(&self) -> Vec<(String, String, String)> {
         self.run("squeue", &["--noheader", "--format=%i|%j|%T"])

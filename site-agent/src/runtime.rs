@@ -329,6 +329,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
             _ = sigterm.recv() => break,
         }
     }
+    agent.backend.shutdown();
     // Running jobs outlive the agent for the re-adoption grace: an agent started again meanwhile (an upgrade,
     // a restart by its supervisor) takes them back; otherwise their shims stop them.
     tracing::info!(

@@ -111,8 +111,14 @@ impl Ec2Backend {
         process: ProcessSettings,
     ) -> Result<Self, AdapterError> {
         settings.check().map_err(AdapterError::Backend)?;
-        let client =
-            Credentials::from_environment().map(|c| Client::new(settings.endpoint.clone(), c));
+        // The endpoint as AWS's own tools take it: the site file's, else AWS_ENDPOINT_URL_EC2, else
+        // AWS_ENDPOINT_URL, else AWS's for each region.
+        let endpoint = settings.endpoint.clone().or_else(|| {
+            ["AWS_ENDPOINT_URL_EC2", "AWS_ENDPOINT_URL"]
+                .iter()
+                .find_map(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
+        });
+        let client = Credentials::from_environment().map(|c| Client::new(endpoint, c));
         Ok(Ec2Backend {
             settings,
             site: site.to_owned(),
@@ -808,6 +814,19 @@ impl Backend for Ec2Backend {
                 }
             }
             tracing::info!("instance {id} idle for {} s", self.settings.idle_s);
+            self.terminate(&id);
+        }
+    }
+
+    fn shutdown(&mut self) {
+        let idle: Vec<String> = self
+            .instances
+            .iter()
+            .filter(|(_, i)| i.holders.is_empty() && i.gone.is_none())
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in idle {
+            tracing::info!("instance {id} is idle and the agent stops");
             self.terminate(&id);
         }
     }

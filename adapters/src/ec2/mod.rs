@@ -19,8 +19,8 @@ use serde::Deserialize;
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Ec2Settings {
-    /// An EC2-compatible endpoint for every region (another cloud's, or a test's); AWS's own per region when
-    /// absent.
+    /// An EC2-compatible endpoint for every region (another cloud's, or a test's); when absent, the
+    /// environment's `AWS_ENDPOINT_URL_EC2` or `AWS_ENDPOINT_URL`, else AWS's own per region.
     #[serde(default)]
     pub endpoint: Option<String>,
     /// The regions instances may be created in, tried in this order.
