@@ -20,7 +20,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// `[backend.slurm]` in a site file.
-#[derive(Clone, Debug, Default, serde::Deserialize)]
+#[derive(Clone, Debug, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SlurmSettings {
     /// Put before every Slurm command: `["ssh", "login-node"]`, `["env", "SLURM_CONF=/etc/slurm/x.conf"]`;
@@ -33,6 +33,30 @@ pub struct SlurmSettings {
     /// The Slurm account of each tenant; Slurm's default account for the others.
     #[serde(default)]
     pub accounts: BTreeMap<String, String>,
+    /// The Slurm node behind each node of a pool (by pool name, in Meridian's node order): an attempt packed on
+    /// node *k* is pinned there (`--nodelist`); Slurm picks the node for the other pools.
+    #[serde(default)]
+    pub nodes: BTreeMap<String, Vec<String>>,
+    /// How long an attempt may wait in Slurm's queue before it is cancelled and reported as not started (the
+    /// broker then places it again), seconds.
+    #[serde(default = "default_start_within_s")]
+    pub start_within_s: u64,
+}
+
+fn default_start_within_s() -> u64 {
+    300
+}
+
+impl Default for SlurmSettings {
+    fn default() -> Self {
+        SlurmSettings {
+            command_prefix: Vec::new(),
+            partitions: BTreeMap::new(),
+            accounts: BTreeMap::new(),
+            nodes: BTreeMap::new(),
+            start_within_s: default_start_within_s(),
+        }
+    }
 }
 
 /// How often Slurm's queue is read at most.
@@ -46,6 +70,8 @@ pub struct SlurmBackend {
     queue: Option<(Instant, HashMap<String, String>)>,
     /// Ends already looked up, kept until the attempt is forgotten.
     ended: HashMap<Handle, Seen>,
+    /// When each attempt was submitted (its start deadline counts from there).
+    submitted: HashMap<Handle, Instant>,
 }
 
 impl SlurmBackend {
@@ -55,6 +81,7 @@ impl SlurmBackend {
             cancelled: HashSet::new(),
             queue: None,
             ended: HashMap::new(),
+            submitted: HashMap::new(),
         }
     }
 
@@ -168,29 +195,7 @@ impl Backend for SlurmBackend {
 
     fn submit(&mut self, a: &Attempt<'_>) -> Result<Handle, AdapterError> {
         std::fs::create_dir_all(a.dir).map_err(AdapterError::Spawn)?;
-        let mut args = vec![
-            "--parsable".to_owned(),
-            format!("--job-name=meridian-{}", a.name),
-            format!("--output={}", a.dir.join("output.log").display()),
-            "--no-requeue".to_owned(),
-        ];
-        if a.devices > 0 {
-            args.push(format!(
-                "--gres=gpu:{}:{}",
-                a.model.to_ascii_lowercase(),
-                a.devices
-            ));
-        }
-        if let Some(p) = self.settings.partitions.get(a.pool) {
-            args.push(format!("--partition={p}"));
-        }
-        if let Some(acct) = self.settings.accounts.get(a.tenant) {
-            args.push(format!("--account={acct}"));
-        }
-        if let Some(s) = a.time_limit_s {
-            // Slurm's limit is in whole minutes.
-            args.push(format!("--time={}", s.div_ceil(60).max(1)));
-        }
+        let args = sbatch_args(&self.settings, a);
         let script = batch_script(a);
         let out = self
             .run("sbatch", &args, Some(&script))
@@ -206,7 +211,9 @@ impl Backend for SlurmBackend {
             })?;
         tracing::info!("attempt {} is Slurm job {id}", a.name);
         self.queue = None;
-        Ok(Handle(id.to_owned()))
+        let h = Handle(id.to_owned());
+        self.submitted.insert(h.clone(), Instant::now());
+        Ok(h)
     }
 
     fn cancel(&mut self, h: &Handle) {
@@ -225,6 +232,19 @@ impl Backend for SlurmBackend {
             // Slurm did not answer: nothing is concluded.
             return Seen::Running;
         };
+        if state.as_deref() == Some("PENDING") {
+            let waited = self.submitted.get(h).map(Instant::elapsed);
+            if let Some(w) = waited.filter(|w| w.as_secs() >= self.settings.start_within_s) {
+                // Past its start deadline: Slurm will not start it soon; the broker places it again.
+                self.cancel(h);
+                let seen = Seen::Interrupted(format!(
+                    "could not start: pending in Slurm's queue for {} s",
+                    w.as_secs()
+                ));
+                self.ended.insert(h.clone(), seen.clone());
+                return seen;
+            }
+        }
         if state.as_deref().is_some_and(|s| !is_final(s)) {
             return Seen::Running;
         }
@@ -252,6 +272,7 @@ impl Backend for SlurmBackend {
     fn forget(&mut self, h: &Handle) {
         self.cancelled.remove(h);
         self.ended.remove(h);
+        self.submitted.remove(h);
     }
 
     fn free(&mut self, pools: &[PoolAdvert]) -> Option<BTreeMap<PoolName, u32>> {
@@ -287,6 +308,41 @@ impl Backend for SlurmBackend {
     }
 }
 
+/// `sbatch`'s arguments for an attempt.
+fn sbatch_args(settings: &SlurmSettings, a: &Attempt<'_>) -> Vec<String> {
+    let mut args = vec![
+        "--parsable".to_owned(),
+        format!("--job-name=meridian-{}", a.name),
+        format!("--output={}", a.dir.join("output.log").display()),
+        "--no-requeue".to_owned(),
+    ];
+    if a.devices > 0 {
+        args.push(format!(
+            "--gres=gpu:{}:{}",
+            a.model.to_ascii_lowercase(),
+            a.devices
+        ));
+    }
+    if let Some(p) = settings.partitions.get(a.pool) {
+        args.push(format!("--partition={p}"));
+    }
+    if let Some(node) = settings
+        .nodes
+        .get(a.pool)
+        .and_then(|n| n.get(a.node as usize))
+    {
+        args.push(format!("--nodelist={node}"));
+    }
+    if let Some(acct) = settings.accounts.get(a.tenant) {
+        args.push(format!("--account={acct}"));
+    }
+    if let Some(s) = a.time_limit_s {
+        // Slurm's limit is in whole minutes.
+        args.push(format!("--time={}", s.div_ceil(60).max(1)));
+    }
+    args
+}
+
 /// One node as `sinfo --json` shows it (Slurm 22.05's field names).
 #[derive(Debug, serde::Deserialize)]
 struct Node {
@@ -300,6 +356,13 @@ struct Node {
     gres_used: String,
     #[serde(default)]
     partitions: Vec<String>,
+    /// CPUs and memory (MB) not given to jobs: a GPU job needs some of each.
+    #[serde(default)]
+    idle_cpus: Option<u32>,
+    #[serde(default)]
+    real_memory: Option<u64>,
+    #[serde(default)]
+    alloc_memory: Option<u64>,
 }
 
 impl Node {
@@ -321,6 +384,14 @@ impl Node {
                 .iter()
                 .any(|f| unusable.iter().any(|u| f.to_ascii_uppercase().contains(u)))
         {
+            return 0;
+        }
+        let memory_left = match (self.real_memory, self.alloc_memory) {
+            (Some(real), Some(alloc)) if real > 0 => real.saturating_sub(alloc),
+            _ => u64::MAX,
+        };
+        // A job takes at least one CPU and some memory: a node with none left starts nothing more.
+        if memory_left == 0 || self.idle_cpus == Some(0) {
             return 0;
         }
         gpus_of(&self.gres, gpu_type).saturating_sub(gpus_of(&self.gres_used, gpu_type))
@@ -500,12 +571,15 @@ mod tests {
                 {"name": "a", "state": "mixed", "state_flags": [], "gres": "gpu:a100:4", "gres_used": "gpu:a100:2(IDX:0-1)", "partitions": ["gpu"]},
                 {"name": "b", "state": "idle", "state_flags": ["DRAIN"], "gres": "gpu:a100:4", "gres_used": "gpu:a100:0(IDX:N/A)", "partitions": ["gpu"]},
                 {"name": "c", "state": "allocated", "state_flags": [], "gres": "gpu:a100:4", "gres_used": "gpu:a100:1(IDX:0)", "partitions": ["gpu"]},
-                {"name": "d", "state": "idle", "state_flags": [], "gres": "gpu:a100:8", "gres_used": "gpu:a100:0(IDX:N/A)", "partitions": ["other"]}
+                {"name": "d", "state": "idle", "state_flags": [], "gres": "gpu:a100:8", "gres_used": "gpu:a100:0(IDX:N/A)", "partitions": ["other"]},
+                {"name": "e", "state": "mixed", "state_flags": [], "gres": "gpu:a100:4", "gres_used": "gpu:a100:1(IDX:0)", "partitions": ["gpu"], "idle_cpus": 0, "real_memory": 1000, "alloc_memory": 500},
+                {"name": "f", "state": "mixed", "state_flags": [], "gres": "gpu:a100:4", "gres_used": "gpu:a100:1(IDX:0)", "partitions": ["gpu"], "idle_cpus": 8, "real_memory": 1000, "alloc_memory": 1000}
             ]}"#,
         )
         .unwrap_or_else(|e| panic!("{e}"));
         let free: Vec<u32> = nodes.iter().map(|n| n.free_gpus("a100")).collect();
-        assert_eq!(free, vec![2, 0, 0, 8]);
+        // e: 3 GPUs free but no CPU; f: no memory left.
+        assert_eq!(free, vec![2, 0, 0, 8, 0, 0]);
     }
 
     #[test]
@@ -545,6 +619,28 @@ mod tests {
             spot: false,
         };
         let s = batch_script(&a);
+        let settings = SlurmSettings {
+            nodes: [("p".to_owned(), vec!["gpu1".to_owned(), "gpu2".to_owned()])].into(),
+            partitions: [("p".to_owned(), "batch".to_owned())].into(),
+            ..SlurmSettings::default()
+        };
+        let args = sbatch_args(
+            &settings,
+            &Attempt {
+                node: 1,
+                time_limit_s: Some(61),
+                ..a.clone()
+            },
+        );
+        for want in [
+            "--gres=gpu:a100:2",
+            "--partition=batch",
+            "--nodelist=gpu2",
+            "--time=2",
+            "--no-requeue",
+        ] {
+            assert!(args.iter().any(|x| x == want), "{want}: {args:?}");
+        }
         assert!(s.contains("export GREETING='it'\\''s \"here\"'\n"), "{s}");
         assert!(
             !s.contains("CUDA_VISIBLE_DEVICES") && !s.contains("BAD KEY"),

@@ -22,7 +22,7 @@ fn hpc_federation(slurm: &SlurmCluster) -> (tempfile::TempDir, Fed) {
         .map(|p| format!("{p:?}"))
         .collect();
     let site = format!(
-        "{}\n[backend]\nkind = \"slurm\"\n[backend.slurm]\ncommand_prefix = [{}]\n",
+        "{}\n[backend]\nkind = \"slurm\"\n[backend.slurm]\ncommand_prefix = [{}]\nstart_within_s = 5\n",
         site_toml(&SiteSpec::new("hpc", "owned", "A100", 4, 1.0)),
         prefix.join(", ")
     );
@@ -185,4 +185,26 @@ fn a_slurm_preemption_requeues_from_the_checkpoint_and_a_restarted_agent_takes_i
     f.wait_until("Slurm no longer runs it", LONG, || {
         !slurm.queue().iter().any(|(_, n, _)| n == &name)
     });
+
+    // Slurm takes a job it cannot start (its partition is down): past the site's start deadline (5 s) the
+    // attempt is cancelled in Slurm and reported as not started; with the partition up, the next one runs.
+    slurm.run("scontrol", &["update", "partitionname=gpu", "state=down"]);
+    let id = f.submit(&job("stuck", 1, "echo ran"));
+    f.wait_until("the pending attempt is given up", LONG, || {
+        f.get(&format!("/v1/jobs/{id}/timeline"))
+            .1
+            .to_string()
+            .contains("could not start: pending in Slurm")
+    });
+    assert!(
+        !slurm
+            .queue()
+            .iter()
+            .any(|(_, n, _)| n == &format!("meridian-{id}__1")),
+        "cancelled in Slurm: {:?}",
+        slurm.queue()
+    );
+    slurm.run("scontrol", &["update", "partitionname=gpu", "state=up"]);
+    let done = f.wait_phase(&id, "succeeded", LONG);
+    assert!(done["attempt"].as_u64() >= Some(2), "{done}");
 }
