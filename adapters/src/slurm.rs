@@ -170,6 +170,22 @@ impl SlurmBackend {
             .and_then(|t| parse_sacct(&t))
     }
 
+    /// When Slurm started and ended a job, ms since the epoch: from `scontrol`, else `sacct` (times asked
+    /// for as epoch seconds, `SLURM_TIME_FORMAT=%s`, through `env` so that it crosses a command prefix).
+    fn allocation_of(&self, h: &Handle) -> Option<(u64, u64)> {
+        let env = |tool: &str, args: &[&str]| {
+            let mut all = vec!["SLURM_TIME_FORMAT=%s".to_owned(), tool.to_owned()];
+            all.extend(args.iter().map(|a| (*a).to_owned()));
+            self.run("env", &all, None).ok()
+        };
+        env("scontrol", &["-o", "show", "job", &h.0])
+            .and_then(|t| parse_allocation_scontrol(&t))
+            .or_else(|| {
+                env("sacct", &["-P", "-n", "-X", "-o", "Start,End", "-j", &h.0])
+                    .and_then(|t| parse_allocation_sacct(&t))
+            })
+    }
+
     fn seen(&self, h: &Handle, state: &str, exit_code: i32) -> Seen {
         match state {
             "COMPLETED" | "FAILED" => Seen::Ended(exit_code),
@@ -267,6 +283,19 @@ impl Backend for SlurmBackend {
             Seen::Failed { exit_code, reason } => Found::Failed { exit_code, reason },
             Seen::Interrupted(why) => Found::Stopped(why),
         }
+    }
+
+    /// What Slurm allocated is what is billed: the job's span from its start to its end as Slurm recorded
+    /// them (its devices are those the attempt asked for, `--gres`), not the agent's view of its run.
+    fn bill(&mut self, h: &Handle, _ended_ms: u64) -> Option<(u64, u64)> {
+        let span = self.allocation_of(h);
+        if span.is_none() {
+            tracing::warn!(
+                "Slurm job {}: no start and end recorded; billed by the agent's clock",
+                h.0
+            );
+        }
+        span
     }
 
     fn forget(&mut self, h: &Handle) {
@@ -506,6 +535,27 @@ fn parse_scontrol(text: &str) -> Option<(String, i32)> {
     Some((state, exit_code(field("ExitCode")?)))
 }
 
+/// `StartTime=1796417905 … EndTime=1796417907` of `scontrol -o show job` (epoch seconds) → ms.
+fn parse_allocation_scontrol(text: &str) -> Option<(u64, u64)> {
+    let field = |name: &str| {
+        text.split_whitespace()
+            .find_map(|w| w.strip_prefix(name).and_then(|v| v.strip_prefix('=')))
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    span_ms(field("StartTime")?, field("EndTime")?)
+}
+
+/// `1796417905|1796417907` of `sacct -P -n -X -o Start,End` (epoch seconds) → ms.
+fn parse_allocation_sacct(text: &str) -> Option<(u64, u64)> {
+    let line = text.lines().find(|l| !l.trim().is_empty())?;
+    let (start, end) = line.split_once('|')?;
+    span_ms(start.trim().parse().ok()?, end.trim().parse().ok()?)
+}
+
+fn span_ms(start_s: u64, end_s: u64) -> Option<(u64, u64)> {
+    (start_s > 0 && end_s >= start_s).then(|| (start_s * 1000, end_s * 1000))
+}
+
 /// `sacct -P -n -X -o State,ExitCode`: `FAILED|3:0` (a `CANCELLED by 0` state keeps its first word).
 fn parse_sacct(text: &str) -> Option<(String, i32)> {
     let line = text.lines().find(|l| !l.trim().is_empty())?;
@@ -580,6 +630,26 @@ mod tests {
         let free: Vec<u32> = nodes.iter().map(|n| n.free_gpus("a100")).collect();
         // e: 3 GPUs free but no CPU; f: no memory left.
         assert_eq!(free, vec![2, 0, 0, 8, 0, 0]);
+    }
+
+    #[test]
+    fn the_allocation_is_read_as_slurm_recorded_it() {
+        let text = "JobId=1 JobName=x JobState=FAILED ExitCode=3:0 RunTime=00:00:02 \
+                    StartTime=1796417905 EndTime=1796417907 TRES=cpu=1,node=1,gres/gpu=2";
+        assert_eq!(
+            parse_allocation_scontrol(text),
+            Some((1_796_417_905_000, 1_796_417_907_000))
+        );
+        // A job that never started: no span.
+        assert_eq!(
+            parse_allocation_scontrol("JobState=CANCELLED StartTime=Unknown EndTime=1796417907"),
+            None
+        );
+        assert_eq!(
+            parse_allocation_sacct("1796417905|1796417907\n"),
+            Some((1_796_417_905_000, 1_796_417_907_000))
+        );
+        assert_eq!(parse_allocation_sacct("Unknown|Unknown"), None);
     }
 
     #[test]

@@ -34,10 +34,14 @@ impl SlurmCluster {
             "/usr/sbin/munged",
             "/usr/sbin/slurmctld",
             "/usr/sbin/slurmd",
+            "/usr/sbin/slurmdbd",
+            "/usr/sbin/mariadbd",
+            "/usr/bin/mariadb-install-db",
         ] {
             assert!(
                 Path::new(bin).exists(),
-                "{bin} is missing: run scripts/setup.sh (it installs slurmctld, slurmd and munge)"
+                "{bin} is missing: run scripts/setup.sh (it installs slurmctld, slurmd, slurmdbd, \
+                 mariadb-server and munge)"
             );
         }
         let dir = tempfile::Builder::new()
@@ -45,7 +49,7 @@ impl SlurmCluster {
             .tempdir()
             .expect("tempdir");
         let d = dir.path();
-        for sub in ["state", "spool", "log", "dev", "munge"] {
+        for sub in ["state", "spool", "log", "dev", "munge", "db"] {
             std::fs::create_dir_all(d.join(sub)).expect("folders");
         }
         let devices = d.join("dev");
@@ -82,6 +86,7 @@ impl SlurmCluster {
         .trim()
         .to_owned();
         let last = gpus.saturating_sub(1);
+        let dbd_port = free_port();
         let conf = format!(
             "ClusterName=meridian-test\n\
              SlurmctldHost={host}(127.0.0.1)\n\
@@ -92,7 +97,9 @@ impl SlurmCluster {
              SlurmctldPidFile={d}/slurmctld.pid\nSlurmdPidFile={d}/slurmd-%n.pid\n\
              SlurmctldLogFile={d}/log/slurmctld.log\nSlurmdLogFile={d}/log/slurmd-%n.log\n\
              ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\nJobAcctGatherType=jobacct_gather/none\n\
-             AccountingStorageType=accounting_storage/none\nJobCompType=jobcomp/none\n\
+             AccountingStorageType=accounting_storage/slurmdbd\nAccountingStorageHost=127.0.0.1\n\
+             AccountingStoragePort={dbd_port}\nAccountingStoragePass={sock}\nAccountingStorageTRES=gres/gpu\n\
+             JobCompType=jobcomp/none\n\
              SchedulerType=sched/backfill\nSelectType=select/cons_tres\nSelectTypeParameters=CR_Core\n\
              GresTypes=gpu\nReturnToService=2\nMpiDefault=none\nDebugFlags=NO_CONF_HASH\n\
              MinJobAge=600\n\
@@ -143,6 +150,7 @@ impl SlurmCluster {
             assert!(Instant::now() < deadline, "munged did not make its socket");
             std::thread::sleep(Duration::from_millis(50));
         }
+        daemons.extend(accounting(d, &socket, dbd_port, &conf_path));
         for (name, program, extra) in [
             ("slurmctld", "/usr/sbin/slurmctld", vec!["-D", "-i"]),
             ("slurmd", "/usr/sbin/slurmd", vec!["-D", "-N", "gpu1"]),
@@ -214,6 +222,32 @@ impl SlurmCluster {
         std::fs::read_to_string(self.log_path(name)).unwrap_or_default()
     }
 
+    /// `sacct`'s record of the job named `name`: `(ElapsedRaw seconds, GPUs in AllocTRES)`, once it ended.
+    pub fn accounted(&self, name: &str) -> Option<(u64, u32)> {
+        let text = self.run(
+            "sacct",
+            &[
+                "-P",
+                "-n",
+                "-X",
+                "-o",
+                "ElapsedRaw,AllocTRES,State",
+                &format!("--name={name}"),
+            ],
+        );
+        let line = text.lines().find(|l| !l.trim().is_empty())?;
+        let mut f = line.split('|');
+        let elapsed = f.next()?.trim().parse().ok()?;
+        let gpus = f
+            .next()?
+            .split(',')
+            .find_map(|t| t.strip_prefix("gres/gpu="))?
+            .parse()
+            .ok()?;
+        let state = f.next()?;
+        (!matches!(state, "RUNNING" | "PENDING")).then_some((elapsed, gpus))
+    }
+
     /// The jobs in Slurm's queue: `(id, name, state)`.
     pub fn queue(&self) -> Vec<(String, String, String)> {
         self.run("squeue", &["--noheader", "--format=%i|%j|%T"])
@@ -224,6 +258,138 @@ impl SlurmCluster {
             })
             .collect()
     }
+}
+
+/// Slurm's accounting, for `sacct`: a MariaDB server of the cluster's own (on a free loopback port, its data
+/// under `d/db`) and `slurmdbd`, with the cluster, an account and root's association registered.
+fn accounting(d: &Path, munge: &Path, dbd_port: u16, conf: &Path) -> Vec<Managed> {
+    let db = d.join("db");
+    let installed = Command::new("mariadb-install-db")
+        .args(["--no-defaults", "--user=root", "--skip-test-db"])
+        .arg(format!("--datadir={}", db.join("data").display()))
+        .arg("--auth-root-authentication-method=normal")
+        .output()
+        .expect("mariadb-install-db");
+    assert!(
+        installed.status.success(),
+        "mariadb-install-db: {}",
+        String::from_utf8_lossy(&installed.stderr)
+    );
+    let init = db.join("init.sql");
+    std::fs::write(
+        &init,
+        "CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY 'slurmdb';\n\
+         GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';\nFLUSH PRIVILEGES;\n",
+    )
+    .expect("init.sql");
+    let db_port = free_port();
+    let mut daemons = vec![Managed::spawn(
+        "mariadbd",
+        Command::new("/usr/sbin/mariadbd")
+            .args([
+                "--no-defaults",
+                "--user=root",
+                "--bind-address=127.0.0.1",
+                "--skip-log-bin",
+            ])
+            .args([
+                "--innodb-buffer-pool-size=64M",
+                "--innodb-log-file-size=16M",
+            ])
+            .arg(format!("--port={db_port}"))
+            .arg(format!("--datadir={}", db.join("data").display()))
+            .arg(format!("--socket={}", db.join("mysqld.sock").display()))
+            .arg(format!("--pid-file={}", db.join("mysqld.pid").display()))
+            .arg(format!("--init-file={}", init.display()))
+            .arg(format!(
+                "--log-error={}",
+                d.join("log/mariadbd.log").display()
+            ))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null()),
+    )
+    .expect("mariadbd starts")];
+    let dbd_conf = d.join("slurmdbd.conf");
+    std::fs::write(
+        &dbd_conf,
+        format!(
+            "AuthType=auth/munge\nAuthInfo=socket={}\nDbdHost=localhost\nDbdAddr=127.0.0.1\nDbdPort={dbd_port}\n\
+             SlurmUser=root\nPidFile={d}/slurmdbd.pid\nLogFile={d}/log/slurmdbd.log\n\
+             StorageType=accounting_storage/mysql\nStorageHost=127.0.0.1\nStoragePort={db_port}\n\
+             StorageUser=slurm\nStoragePass=slurmdb\nStorageLoc=slurm_acct_db\n",
+            munge.display(),
+            d = d.display()
+        ),
+    )
+    .expect("slurmdbd.conf");
+    std::fs::set_permissions(
+        &dbd_conf,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .expect("slurmdbd.conf mode");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !std::fs::read_to_string(d.join("log/mariadbd.log"))
+        .unwrap_or_default()
+        .contains("ready for connections")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "MariaDB did not start; its log is {}",
+            d.join("log/mariadbd.log").display()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // slurmdbd reads slurmdbd.conf beside SLURM_CONF.
+    daemons.push(
+        Managed::spawn(
+            "slurmdbd",
+            Command::new("/usr/sbin/slurmdbd")
+                .arg("-D")
+                .env("SLURM_CONF", conf)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null()),
+        )
+        .expect("slurmdbd starts"),
+    );
+    let sacctmgr = |args: &[&str]| {
+        Command::new("sacctmgr")
+            .arg("-i")
+            .args(args)
+            .env("SLURM_CONF", conf)
+            .output()
+            .expect("sacctmgr")
+    };
+    loop {
+        let out = sacctmgr(&["add", "cluster", "meridian-test"]);
+        if out.status.success() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "slurmdbd did not answer: {}; its log is {}/log/slurmdbd.log",
+            String::from_utf8_lossy(&out.stderr),
+            d.display()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for args in [
+        &["add", "account", "meridian", "Cluster=meridian-test"][..],
+        &[
+            "add",
+            "user",
+            "root",
+            "Account=meridian",
+            "Cluster=meridian-test",
+        ][..],
+    ] {
+        let out = sacctmgr(args);
+        assert!(
+            out.status.success(),
+            "sacctmgr {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    daemons
 }
 
 impl Drop for SlurmCluster {

@@ -73,6 +73,18 @@ fn a_slurm_site_runs_meridians_jobs_as_slurm_jobs() {
     );
     assert!(text.contains(&format!("meridian_job={id}")), "{text}");
     assert!(!text.contains("slurm_job= "), "{text}");
+    // Billed as Slurm allocated it: the ledger's GPU-seconds are sacct's (ElapsedRaw × gres/gpu of AllocTRES).
+    let name = format!("meridian-{id}__1");
+    f.wait_until("sacct has the job", LONG, || {
+        slurm.accounted(&name).is_some()
+    });
+    let (elapsed_s, gpus) = slurm.accounted(&name).unwrap();
+    assert_eq!(gpus, 2, "{name}");
+    assert_eq!(
+        done["runtime_ms"].as_u64(),
+        Some(elapsed_s * 1000),
+        "the attempt is billed for sacct's elapsed time: {done}"
+    );
 
     // A long one: it is a job in Slurm's queue, and `meridian cancel` cancels it there.
     let id = f.submit(&job("long", 1, "sleep 600"));
