@@ -74,9 +74,23 @@ fn main() -> anyhow::Result<()> {
         *calls.entry(key).or_default() += 1;
     }
     println!(
-        "Slurm: {allocated} jobs allocated by slurmctld (its log: {})",
+        "Slurm: {allocated} jobs allocated by slurmctld (its log: {}); sacct:",
         slurm.log_path("slurmctld.log").display()
     );
+    for line in slurm
+        .run(
+            "sacct",
+            &[
+                "-P",
+                "-X",
+                "-o",
+                "JobID,JobName%40,State,ExitCode,ElapsedRaw,AllocTRES",
+            ],
+        )
+        .lines()
+    {
+        println!("  {line}");
+    }
     println!("EC2 calls (the emulator's request log):");
     for (call, n) in calls {
         println!("  {n:>5}  {call}");
