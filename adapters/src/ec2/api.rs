@@ -174,7 +174,7 @@ impl Client {
     pub fn new(endpoint: Option<String>, creds: Credentials) -> Self {
         let http = ureq::Agent::config_builder()
             .http_status_as_error(false)
-            .timeout_global(Some(Duration::from_secs(20)))
+            .timeout_global(Some(Duration::from_secs(10)))
             .build()
             .into();
         Client {

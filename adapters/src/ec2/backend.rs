@@ -26,6 +26,10 @@ const TAG_POOL: &str = "meridian:pool";
 
 /// How often the instances' states are read at most.
 const VIEW_EVERY: Duration = Duration::from_millis(1000);
+/// How often instances tagged as the site's that no attempt holds are looked for (and terminated).
+const SWEEP_EVERY: Duration = Duration::from_secs(30);
+/// The most time one launch spends waiting out throttling before it moves on (the agent's loop waits for it).
+const THROTTLE_BUDGET: Duration = Duration::from_secs(4);
 
 fn now_ms() -> u64 {
     SystemTime::now()
@@ -72,8 +76,14 @@ struct Inst {
     gone: Option<String>,
 }
 
-/// An attempt's command, its environment and folder.
-type Pending = (String, Vec<(String, String)>, std::path::PathBuf);
+/// An attempt's command, its environment and folder, until it is started on its instance; kept beside the
+/// process group files (`<name>.launch.json`) so that an agent restarted while the instance booted starts it.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+struct Pending {
+    command: String,
+    env: Vec<(String, String)>,
+    dir: std::path::PathBuf,
+}
 
 /// An attempt this agent runs.
 struct Run {
@@ -100,8 +110,9 @@ pub struct Ec2Backend {
     view: Option<(Instant, HashMap<String, Instance>)>,
     /// Pools advertised full until then: their type could be created nowhere.
     backoff: HashMap<String, Instant>,
-    /// Whether the instances left by an earlier run were settled (adopted or terminated).
-    swept: bool,
+    /// When instances no attempt holds were last looked for (first at the first tick, once the attempts an
+    /// earlier run left were taken back).
+    swept: Option<Instant>,
 }
 
 impl Ec2Backend {
@@ -131,7 +142,7 @@ impl Ec2Backend {
             runs: HashMap::new(),
             view: None,
             backoff: HashMap::new(),
-            swept: false,
+            swept: None,
         })
     }
 
@@ -248,6 +259,7 @@ impl Ec2Backend {
             )));
         };
         let mut tried = Vec::new();
+        let mut throttled = Duration::ZERO;
         let regions: Vec<String> = self
             .settings
             .regions
@@ -277,8 +289,9 @@ impl Ec2Backend {
                                     Next::Zone => break,
                                     Next::OnDemand => continue 'markets,
                                     Next::Region => continue 'regions,
-                                    Next::Later if wait <= Duration::from_secs(2) => {
+                                    Next::Later if throttled + wait <= THROTTLE_BUDGET => {
                                         std::thread::sleep(wait);
+                                        throttled += wait;
                                         wait *= 2;
                                     }
                                     Next::Later => continue 'regions,
@@ -412,7 +425,12 @@ impl Ec2Backend {
         let Some(run) = self.runs.get_mut(name) else {
             return Ok(());
         };
-        let Some((command, mut env, dir)) = run.pending.take() else {
+        let Some(Pending {
+            command,
+            mut env,
+            dir,
+        }) = run.pending.take()
+        else {
             return Ok(());
         };
         let instance = run.ticket.instance.clone();
@@ -438,10 +456,15 @@ impl Ec2Backend {
             spot: false,
         })?;
         tracing::info!("attempt {name} started on instance {instance}");
+        let _ = std::fs::remove_file(self.launch_file(name));
         if let Some(run) = self.runs.get_mut(name) {
             run.process = Some(h);
         }
         Ok(())
+    }
+
+    fn launch_file(&self, name: &str) -> std::path::PathBuf {
+        self.process.run_dir().join(format!("{name}.launch.json"))
     }
 
     /// Lets go of an attempt's instance: idle from now once no attempt holds it.
@@ -457,7 +480,8 @@ impl Ec2Backend {
         }
     }
 
-    /// Instances tagged as this site's that no attempt holds after a restart: terminated.
+    /// Instances tagged as this site's that no attempt holds (left by an earlier run, or created by a call
+    /// whose answer was lost): terminated.
     fn sweep(&mut self) {
         let held: BTreeSet<String> = self.instances.keys().cloned().collect();
         self.view = None;
@@ -471,7 +495,7 @@ impl Ec2Backend {
             .collect();
         for id in orphans {
             tracing::info!(
-                "instance {id} was left by an earlier run with nothing to do; terminating it"
+                "instance {id} is tagged as this site's and no attempt holds it; terminating it"
             );
             let region = self.seen(&id).and_then(|i| self.region_of(i));
             if let Some(region) = region {
@@ -482,7 +506,7 @@ impl Ec2Backend {
                 }
             }
         }
-        self.swept = true;
+        self.swept = Some(Instant::now());
     }
 }
 
@@ -520,6 +544,14 @@ impl Backend for Ec2Backend {
             }
             let per_node = t.gpus;
             let count = self.settings.max_devices / per_node * per_node;
+            if count == 0 {
+                tracing::warn!(
+                    "EC2 type {}: {per_node} GPUs an instance, above max_devices ({}); not advertised",
+                    t.name,
+                    self.settings.max_devices
+                );
+                continue;
+            }
             let per_device = |usd: f64| (usd / f64::from(per_node) * 1e6).round() as u64;
             let name = pool_name(&t.name);
             tracing::info!(
@@ -635,11 +667,25 @@ impl Backend for Ec2Backend {
             billed_from_ms,
         };
         let handle = ticket.handle();
+        let pending = Pending {
+            command: a.command.to_owned(),
+            env: a.env.clone(),
+            dir: a.dir.to_path_buf(),
+        };
+        let kept = serde_json::to_vec(&pending)
+            .map_err(|e| AdapterError::Backend(e.to_string()))
+            .and_then(|b| std::fs::write(self.launch_file(a.name), b).map_err(AdapterError::Spawn));
+        if let Err(e) = kept {
+            tracing::warn!(
+                "attempt {}: its launch is not kept for a restart: {e}",
+                a.name
+            );
+        }
         self.runs.insert(
             a.name.to_owned(),
             Run {
                 ticket,
-                pending: Some((a.command.to_owned(), a.env.clone(), a.dir.to_path_buf())),
+                pending: Some(pending),
                 process: None,
                 cancelled: false,
             },
@@ -733,10 +779,24 @@ impl Backend for Ec2Backend {
                 t.instance
             ));
         };
+        // Not started yet (its instance was booting): its launch was kept beside the group files, and it
+        // starts once the instance runs. (An instance nothing holds is terminated by the next sweep.)
+        let pending = if process.is_none() {
+            std::fs::read(self.launch_file(&t.name))
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Pending>(&b).ok())
+        } else {
+            None
+        };
         let found = match &process {
             Some(p) => self.process.adopt(p),
-            // Not started yet: it starts once the instance runs.
-            None => Found::Running,
+            None if pending.is_some() => Found::Running,
+            None => {
+                return Found::Stopped(format!(
+                    "attempt {} had not started on instance {} and its launch was not kept",
+                    t.name, t.instance
+                ))
+            }
         };
         let usd_per_hour = self.types.get(&t.pool).map_or(0.0, |(e, _)| e.usd_per_hour);
         let entry = self
@@ -761,7 +821,7 @@ impl Backend for Ec2Backend {
             t.name.clone(),
             Run {
                 ticket: t.clone(),
-                pending: None,
+                pending,
                 process: process.clone(),
                 cancelled: false,
             },
@@ -774,6 +834,7 @@ impl Backend for Ec2Backend {
 
     fn forget(&mut self, h: &Handle) {
         let Some(t) = Ticket::of(h) else { return };
+        let _ = std::fs::remove_file(self.launch_file(&t.name));
         if let Some(p) = self.runs.get(&t.name).and_then(|r| r.process.clone()) {
             self.process.forget(&p);
         }
@@ -790,7 +851,7 @@ impl Backend for Ec2Backend {
     }
 
     fn tick(&mut self) {
-        if !self.swept && self.client.is_ok() {
+        if self.client.is_ok() && self.swept.is_none_or(|at| at.elapsed() >= SWEEP_EVERY) {
             self.sweep();
         }
         let now = now_ms();
