@@ -18,14 +18,15 @@ use meridian_federation::{
 use std::collections::{BTreeMap, BTreeSet};
 
 /// A resource class quotas count against: an accelerator kind and model (`gpu:H100`) or a kind and any model
-/// (`gpu:*`). Ordered as its text.
+/// (`gpu:*`). Ordered as its text. Models match in any case (as placement matches them), so a class keeps its
+/// model in upper case: `gpu:h100` in a tenancy file, a job asking for `h100` and an `H100` pool are one class.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Class(String);
 
 impl Class {
     /// The class of `model` devices of `kind` (`*` for any model).
     pub fn of(kind: AcceleratorKind, model: &str) -> Class {
-        Class(format!("{}:{model}", kind.as_str()))
+        Class(format!("{}:{}", kind.as_str(), model.to_ascii_uppercase()))
     }
 
     /// The class of every model of `kind`.
@@ -44,7 +45,7 @@ impl Class {
         if model.is_empty() {
             return Err(format!("class {s:?}: empty model (use * for any)"));
         }
-        Ok(Class(s.to_owned()))
+        Ok(Class(format!("{kind}:{}", model.to_ascii_uppercase())))
     }
 
     pub fn as_str(&self) -> &str {

@@ -574,3 +574,51 @@ fn a_waiting_job_says_why_it_waited_at_its_last_try() {
         .unwrap();
     assert_eq!(crate::observe::wait_reason(job), "not_tried");
 }
+
+/// A model is named in any case: a job asking for `h100` is charged to the class its queue's quota names
+/// (`gpu:H100`) for its demand as for its usage on the `H100` pool. Team A borrows B's idle H100 quota; B's
+/// job asking for `h100` takes its share back, as one asking for `H100` does.
+#[test]
+fn a_quota_class_holds_whatever_case_a_job_names_its_model_in() {
+    for b_model in ["H100", "h100"] {
+        let mut env = TestEnv::new(trio());
+        env.set_tenancy(
+            r#"
+[[queues]]
+name = "team-a"
+tenant = "team-a"
+cohort = "research"
+quota = { "gpu:*" = 8, "gpu:H100" = 4 }
+[[queues]]
+name = "team-b"
+tenant = "team-b"
+cohort = "research"
+quota = { "gpu:*" = 8, "gpu:H100" = 4 }
+"#,
+        );
+        let h100 = |tenant: &str, key: &str, model: &str| {
+            let mut spec = tenant_job(tenant, key);
+            spec.resources.models = vec![ModelName::from(model)];
+            spec
+        };
+        for i in 0..8 {
+            env.submit(h100("team-a", &format!("a{i}"), "h100"));
+            env.advance(10);
+            run_all(&mut env);
+        }
+        assert_eq!(
+            count(&env, "team-a", JobPhase::Running),
+            8,
+            "A borrows B's 4 H100s"
+        );
+        env.submit(h100("team-b", "b0", b_model));
+        env.advance(10);
+        run_all(&mut env);
+        assert_eq!(
+            count(&env, "team-b", JobPhase::Running),
+            1,
+            "B asking for {b_model:?} takes back one of its lent H100s"
+        );
+        assert_eq!(count(&env, "team-a", JobPhase::Running), 7);
+    }
+}
