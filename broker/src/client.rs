@@ -79,8 +79,18 @@ impl Client {
         .context("no broker is answering")?;
         let reply: ApiReply<T> = decode(&m.payload).context("unreadable reply from the broker")?;
         reply.into_result().map_err(|e| {
+            // Said for the command line, not for an HTTP client: which flag or variable gives the token.
+            let hint = match (e.code, &self.token) {
+                (meridian_federation::ErrorCode::Unauthenticated, None) => {
+                    " — give one with --token or MERIDIAN_TOKEN (`meridian up` prints the administrator's)"
+                }
+                (meridian_federation::ErrorCode::Unauthenticated, Some(_)) => {
+                    " — the token given with --token or MERIDIAN_TOKEN"
+                }
+                _ => "",
+            };
             anyhow::anyhow!(
-                "{}{}",
+                "{}{}{hint}",
                 e.message,
                 e.field.map(|f| format!(" (field {f})")).unwrap_or_default()
             )

@@ -579,6 +579,10 @@ fn tenants_see_and_touch_only_their_own_work() {
         let none = client.with_token(None);
         let e = none.jobs().await.unwrap_err();
         assert!(e.to_string().contains("needs an API token"), "{e}");
+        assert!(
+            e.to_string().contains("--token or MERIDIAN_TOKEN"),
+            "said for the CLI: {e}"
+        );
         let as_alpha = client.with_token(Some(alpha.clone()));
         assert_eq!(as_alpha.jobs().await.unwrap().len(), 1);
     });
