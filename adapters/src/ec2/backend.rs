@@ -30,6 +30,9 @@ const VIEW_EVERY: Duration = Duration::from_millis(1000);
 const SWEEP_EVERY: Duration = Duration::from_secs(30);
 /// The most time one launch spends waiting out throttling before it moves on (the agent's loop waits for it).
 const THROTTLE_BUDGET: Duration = Duration::from_secs(4);
+/// The most time one launch spends in all: past it, the offer is refused with what was tried (the agent's loop,
+/// heartbeats included, waits for a launch).
+const LAUNCH_BUDGET: Duration = Duration::from_secs(8);
 
 fn now_ms() -> u64 {
     SystemTime::now()
@@ -260,6 +263,7 @@ impl Ec2Backend {
         };
         let mut tried = Vec::new();
         let mut throttled = Duration::ZERO;
+        let started = Instant::now();
         let regions: Vec<String> = self
             .settings
             .regions
@@ -277,6 +281,10 @@ impl Ec2Backend {
                 for zone in &zones {
                     let mut wait = Duration::from_millis(200);
                     loop {
+                        if started.elapsed() > LAUNCH_BUDGET {
+                            tried.push(format!("gave up after {} s", LAUNCH_BUDGET.as_secs()));
+                            break 'regions;
+                        }
                         match self.run_instance(&region, zone, &entry.name, spot, a) {
                             Ok(i) => return Ok((region, i)),
                             Err(e) => {
