@@ -339,6 +339,65 @@ shareable = true
 price_usd_per_hour = 0.8
 "#;
 
+    /// Every site file the repository ships parses: the examples, the demo's (its Slurm and EC2 sites among
+    /// them) and the simulator's.
+    #[test]
+    fn every_shipped_site_file_parses() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs");
+        let mut seen = Vec::new();
+        let mut dirs = vec![root];
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir).expect("configs") {
+                let path = entry.expect("entry").path();
+                if path.is_dir() {
+                    dirs.push(path);
+                    continue;
+                }
+                let text = std::fs::read_to_string(&path).unwrap_or_default();
+                let is_site = path.extension().is_some_and(|e| e == "toml")
+                    && text.lines().any(|l| l.starts_with("id = "))
+                    && text.lines().any(|l| l.starts_with("tier = "));
+                if is_site {
+                    if let Err(e) = parse_site_file(&text) {
+                        panic!("{}: {e}", path.display());
+                    }
+                    seen.push(path);
+                }
+            }
+        }
+        let kinds: Vec<_> = seen
+            .iter()
+            .filter_map(|p| parse_site_file(&std::fs::read_to_string(p).ok()?).ok())
+            .map(|f| f.backend.kind)
+            .collect();
+        assert!(kinds.contains(&meridian_federation::BackendKind::Slurm));
+        assert!(kinds.contains(&meridian_federation::BackendKind::Ec2));
+        assert!(seen.len() > 10, "{seen:?}");
+    }
+
+    #[test]
+    fn an_ec2_site_declares_no_pools_and_names_its_regions() {
+        let ec2 = |extra: &str| {
+            format!(
+                "id = \"burst\"\nkind = \"cloud\"\ntier = \"cloud\"\nlatitude = 39.0\nlongitude = -77.5\n\
+                 pue = 1.1\ncarbon_g_per_kwh = 400\n{extra}\n[backend]\nkind = \"ec2\"\n[backend.ec2]\n\
+                 image_id = \"ami-1\"\nregions = [{{ name = \"us-east-1\" }}]\n\
+                 instance_types = [{{ name = \"g5.xlarge\", usd_per_hour = 1.0, gpu_power_watts = 300 }}]\n"
+            )
+        };
+        let f = parse_site_file(&ec2("")).expect("an EC2 site");
+        assert_eq!(f.backend.ec2.idle_s, 60);
+        let with_pool = ec2(&SITE[SITE.find("[[pools]]").unwrap_or(0)..]);
+        let e = parse_site_file(&with_pool).expect_err("pools").to_string();
+        assert!(e.contains("an ec2 site declares none"), "{e}");
+        let e = parse_site_file(
+            &ec2("").replace("regions = [{ name = \"us-east-1\" }]", "regions = []"),
+        )
+        .expect_err("regions")
+        .to_string();
+        assert!(e.contains("backend.ec2.regions"), "{e}");
+    }
+
     #[test]
     fn parses_a_site() {
         let f = parse_site_file(SITE).expect("valid");
