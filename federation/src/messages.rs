@@ -212,6 +212,19 @@ pub struct DeviceState {
     pub used_milli: u32,
 }
 
+impl DeviceState {
+    /// Devices `0..count`, all healthy and free.
+    pub fn all_free(count: u32) -> Vec<DeviceState> {
+        (0..count)
+            .map(|index| DeviceState {
+                index,
+                healthy: true,
+                used_milli: 0,
+            })
+            .collect()
+    }
+}
+
 /// One pool of identical accelerators at a site.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PoolAdvert {

@@ -284,13 +284,7 @@ impl SiteFile {
                         .spot_price_usd_per_hour
                         .map(|s| usd_to_micro(&format!("pools[{i}].spot_price_usd_per_hour"), s))
                         .transpose()?,
-                    devices: (0..p.count)
-                        .map(|index| DeviceState {
-                            index,
-                            healthy: true,
-                            used_milli: 0,
-                        })
-                        .collect(),
+                    devices: DeviceState::all_free(p.count),
                 })
             })
             .collect()

@@ -217,12 +217,7 @@ impl Ec2Backend {
             return;
         }
         let mut all = HashMap::new();
-        let regions: Vec<String> = self
-            .settings
-            .regions
-            .iter()
-            .map(|r| r.name.clone())
-            .collect();
+        let regions = self.region_names();
         for region in regions {
             let params = vec![
                 ("Filter.1.Name".to_owned(), format!("tag:{TAG_SITE}")),
@@ -247,6 +242,15 @@ impl Ec2Backend {
         self.view = Some((Instant::now(), all));
     }
 
+    /// The regions instances may be created in, in the order they are tried.
+    fn region_names(&self) -> Vec<String> {
+        self.settings
+            .regions
+            .iter()
+            .map(|r| r.name.clone())
+            .collect()
+    }
+
     /// An instance of the site's as last read.
     fn seen(&self, id: &str) -> Option<&Instance> {
         self.view.as_ref().and_then(|(_, v)| v.get(id))
@@ -264,12 +268,7 @@ impl Ec2Backend {
         let mut tried = Vec::new();
         let mut throttled = Duration::ZERO;
         let started = Instant::now();
-        let regions: Vec<String> = self
-            .settings
-            .regions
-            .iter()
-            .map(|r| r.name.clone())
-            .collect();
+        let regions = self.region_names();
         'regions: for region in regions {
             let zones = self.zones(&region);
             let mut markets = Vec::new();
@@ -584,13 +583,7 @@ impl Backend for Ec2Backend {
                 sharing: Sharing::default(),
                 price_micro_usd_per_hour: per_device(entry.usd_per_hour),
                 spot_price_micro_usd_per_hour: entry.spot_usd_per_hour.map(per_device),
-                devices: (0..count)
-                    .map(|index| DeviceState {
-                        index,
-                        healthy: true,
-                        used_milli: 0,
-                    })
-                    .collect(),
+                devices: DeviceState::all_free(count),
             });
             self.types.insert(name, (entry.clone(), t.clone()));
         }

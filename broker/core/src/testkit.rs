@@ -84,13 +84,7 @@ impl SiteBuilder {
             },
             price_micro_usd_per_hour: (price_usd * 1e6) as u64,
             spot_price_micro_usd_per_hour: None,
-            devices: (0..count)
-                .map(|index| DeviceState {
-                    index,
-                    healthy: true,
-                    used_milli: 0,
-                })
-                .collect(),
+            devices: DeviceState::all_free(count),
         });
         self
     }
