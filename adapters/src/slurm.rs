@@ -33,6 +33,9 @@ pub struct SlurmSettings {
     /// The Slurm account of each tenant; Slurm's default account for the others.
     #[serde(default)]
     pub accounts: BTreeMap<String, String>,
+    /// The Slurm QoS of each tenant; the account's default QoS for the others.
+    #[serde(default)]
+    pub qos: BTreeMap<String, String>,
     /// The Slurm node behind each node of a pool (by pool name, in Meridian's node order): an attempt packed on
     /// node *k* is pinned there (`--nodelist`); Slurm picks the node for the other pools.
     #[serde(default)]
@@ -53,6 +56,7 @@ impl Default for SlurmSettings {
             command_prefix: Vec::new(),
             partitions: BTreeMap::new(),
             accounts: BTreeMap::new(),
+            qos: BTreeMap::new(),
             nodes: BTreeMap::new(),
             start_within_s: default_start_within_s(),
         }
@@ -364,6 +368,9 @@ fn sbatch_args(settings: &SlurmSettings, a: &Attempt<'_>) -> Vec<String> {
     }
     if let Some(acct) = settings.accounts.get(a.tenant) {
         args.push(format!("--account={acct}"));
+    }
+    if let Some(q) = settings.qos.get(a.tenant) {
+        args.push(format!("--qos={q}"));
     }
     if let Some(s) = a.time_limit_s {
         // Slurm's limit is in whole minutes.
@@ -692,6 +699,8 @@ mod tests {
         let settings = SlurmSettings {
             nodes: [("p".to_owned(), vec!["gpu1".to_owned(), "gpu2".to_owned()])].into(),
             partitions: [("p".to_owned(), "batch".to_owned())].into(),
+            accounts: [("t".to_owned(), "proj-7".to_owned())].into(),
+            qos: [("t".to_owned(), "low".to_owned())].into(),
             ..SlurmSettings::default()
         };
         let args = sbatch_args(
@@ -706,6 +715,8 @@ mod tests {
             "--gres=gpu:a100:2",
             "--partition=batch",
             "--nodelist=gpu2",
+            "--account=proj-7",
+            "--qos=low",
             "--time=2",
             "--no-requeue",
         ] {
