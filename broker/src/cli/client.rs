@@ -166,8 +166,9 @@ pub enum ClientCmd {
     },
     /// The audit trail (administrators): who did what, when, and how it ended; refusals counted.
     Audit {
-        /// From this instant (UTC, `YYYY-MM-DDTHH:MMZ`).
-        #[arg(long, value_parser = crate::sim::parse_instant)]
+        /// From this instant (UTC: `2026-12-04`, `2026-12-04T20:00Z`, `2026-12-04T20:00:00Z`) or this long ago
+        /// (`90s`, `30m`, `1h`, `2d`).
+        #[arg(long, value_parser = parse_since)]
         since: Option<u64>,
         /// One credential: a token id, `admin`, or `site:<id>`.
         #[arg(long)]
@@ -521,5 +522,63 @@ async fn service_cmd(client: &Client, cmd: ServiceCmd, out: Output) -> anyhow::R
                 }
             })
         }
+    }
+}
+
+/// `--since`: an instant, UTC (`2026-12-04`, `2026-12-04T20:00Z`, `2026-12-04T20:00:00Z`), or a span before
+/// now (`90s`, `30m`, `1h`, `2d`); ms since the epoch.
+fn parse_since(s: &str) -> Result<u64, String> {
+    since_at(s, crate::service::now_ms())
+}
+
+fn since_at(s: &str, now_ms: u64) -> Result<u64, String> {
+    let s = s.trim();
+    let bad = || {
+        format!(
+            "{s:?}: expected an instant (2026-12-04, 2026-12-04T20:00Z, 2026-12-04T20:00:00Z) or a span \
+             before now (90s, 30m, 1h, 2d)"
+        )
+    };
+    let unit = s.chars().last().ok_or_else(bad)?;
+    let ms = match unit {
+        's' => Some(1_000),
+        'm' => Some(60_000),
+        'h' => Some(3_600_000),
+        'd' => Some(86_400_000),
+        _ => None,
+    };
+    if let Some(ms) = ms {
+        if let Ok(n) = s[..s.len() - 1].parse::<u64>() {
+            return Ok(now_ms.saturating_sub(n.saturating_mul(ms)));
+        }
+    }
+    let t = s.strip_suffix('Z').unwrap_or(s);
+    let (date, time) = t.split_once('T').unwrap_or((t, "00:00"));
+    let time = if time.matches(':').count() == 1 {
+        format!("{time}:00")
+    } else {
+        time.to_owned()
+    };
+    crate::sim::trace::parse_timestamp_ms(&format!("{date} {time}")).ok_or_else(bad)
+}
+
+#[cfg(test)]
+mod since_tests {
+    use super::since_at;
+
+    #[test]
+    fn since_takes_an_instant_or_a_span_before_now() {
+        let now = 1_796_400_000_000;
+        assert_eq!(since_at("1h", now), Ok(now - 3_600_000));
+        assert_eq!(since_at("90s", now), Ok(now - 90_000));
+        assert_eq!(since_at("2d", now), Ok(now - 2 * 86_400_000));
+        let day = since_at("2026-12-04", now).unwrap_or(0);
+        assert_eq!(since_at("2026-12-04T00:00Z", now), Ok(day));
+        assert_eq!(since_at("2026-12-04T00:00:00Z", now), Ok(day));
+        assert_eq!(since_at("2026-12-04T01:30Z", now), Ok(day + 5_400_000));
+        assert!(since_at("yesterday", now)
+            .unwrap_err()
+            .contains("expected an instant"));
+        assert!(since_at("", now).is_err());
     }
 }
