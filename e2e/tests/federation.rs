@@ -283,6 +283,24 @@ fn bad_input_gets_clear_errors_and_loses_nothing() {
     f.wait_phase(&ok, "succeeded", LONG);
     let jobs = f.jobs();
     assert_eq!(jobs.len(), 1, "refused jobs must not be recorded: {jobs:?}");
+
+    // A job no site can run is accepted, and the CLI says so at once rather than a plain "submitted".
+    let mut nowhere = job("nowhere", 1, "true");
+    nowhere["resources"]["models"] = json!(["B300"]);
+    let file = f.scratch.path().join("nowhere.json");
+    std::fs::write(&file, nowhere.to_string()).unwrap();
+    let out = f.cli(&["submit", file.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("accepted, but no site can run it now:") && said.contains("B300"),
+        "{said}"
+    );
+    let again = f.cli(&["submit", file.to_str().unwrap()]);
+    assert!(
+        String::from_utf8_lossy(&again.stdout).contains("accepted, but no site can run it now:"),
+        "a repeat (same idempotency key) says the same: {again:?}"
+    );
 }
 
 /// (h) A job's command really runs with its environment, and its status carries the exit code.

@@ -233,16 +233,18 @@ pub async fn run(cmd: ClientCmd, connect: &ConnectArgs, out: Output) -> anyhow::
                 .submit_raw(body)
                 .await
                 .with_context(|| format!("submitting {}", file.display()))?;
+            // Said at once when no site of the federation can run it as it stands (model, memory, count…).
+            let cannot = match client.job(&r.job).await {
+                Ok(v) if v.unsatisfiable => Some(v.why),
+                _ => None,
+            };
             print(out, &r, |r| {
-                outln!(
-                    "{} {}",
-                    r.job,
-                    if r.created {
-                        "submitted"
-                    } else {
-                        "already submitted (same idempotency key)"
-                    }
-                )
+                let said = match (&cannot, r.created) {
+                    (Some(why), _) => format!("accepted, but no site can run it now: {why}"),
+                    (None, true) => "submitted".to_owned(),
+                    (None, false) => "already submitted (same idempotency key)".to_owned(),
+                };
+                outln!("{} {said}", r.job)
             })
         }
         ClientCmd::Jobs {
