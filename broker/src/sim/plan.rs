@@ -16,8 +16,9 @@ const DAY_MS: u64 = 24 * 3_600_000;
 /// Settings of one `meridian plan`.
 #[derive(Clone, Debug, clap::Args)]
 pub struct PlanOptions {
-    /// Today's federation: the federation file the sites run from (their pools, prices, carbon).
-    #[arg(long, default_value = "configs/federation.toml")]
+    /// Today's federation: the federation file the sites run from (their pools, prices, carbon); by default
+    /// the one `meridian up` starts.
+    #[arg(long, default_value = "configs/federation-demo.toml")]
     pub federation: PathBuf,
     /// Replay the jobs submitted in the last N days.
     #[arg(long, default_value_t = 7)]
