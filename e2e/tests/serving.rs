@@ -1,7 +1,7 @@
 //! Services on a real local federation (nats-server, the broker, two agents an ocean apart): deployed, fed
 //! demand by a gateway from New York and Frankfurt, replicas started near each; the Frankfurt demand ends and
 //! its replica goes after the delay; the routing table follows; callers without the right token change nothing.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
 use meridian_e2e::*;
 use serde_json::{json, Value};
@@ -395,6 +395,67 @@ fn a_spot_replica_taken_back_is_replaced_on_spot_elsewhere_then_on_demand() {
         0,
         "{jobs:?}"
     );
+}
+
+/// A service whose command does not exist (the shell answers 127) on a real federation: in its first minute a
+/// few replicas start, backed off (10 s, 20 s, 40 s), not one every planning step; `meridian service show` names
+/// the exit code and the backoff and calls the service unhealthy; the broker counts the failures by outcome.
+#[test]
+fn a_service_whose_replicas_keep_exiting_backs_off_and_says_why() {
+    let f = Fed::generated(&[SiteSpec::new("dc-a", "owned", "A100", 4, 2.0)], "");
+    let owner = f.create_token(Some("acme"), &["submit:default"]);
+    let own = f.with_token(Some(&owner));
+    let mut spec = service();
+    spec["name"] = json!("broken");
+    spec["min_replicas"] = json!(1);
+    spec["run"]["command"] = json!("meridian-no-such-server --port 8000");
+    let (status, v) = own.post("/v1/services", spec.to_string().as_bytes());
+    assert_eq!(status, 200, "{v}");
+    let deployed = std::time::Instant::now();
+    let replicas = || -> Vec<Value> {
+        f.jobs()
+            .into_iter()
+            .filter(|j| j["name"].as_str().is_some_and(|n| n.starts_with("broken-")))
+            .collect()
+    };
+    f.wait_until("a first replica that failed", LONG, || {
+        replicas().iter().any(|j| j["phase"] == "failed")
+    });
+    std::thread::sleep(Duration::from_secs(60).saturating_sub(deployed.elapsed()));
+    let started = replicas();
+    let failed: Vec<&Value> = started.iter().filter(|j| j["phase"] == "failed").collect();
+    // Without a backoff a replica would start every planning step (2 s): about 30 in this minute.
+    assert!(
+        (2..=6).contains(&started.len()),
+        "{} replicas in the first minute: {started:#?}",
+        started.len()
+    );
+    assert!(failed.iter().all(|j| j["exit_code"] == 127), "{failed:#?}");
+
+    let out = f.cli(&["service", "show", "broken", "--tenant", "acme"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("health: unhealthy"), "{text}");
+    assert!(text.contains("exit code 127"), "{text}");
+    assert!(text.contains("crash-loop backoff, next start at"), "{text}");
+    let (status, v) = f.get("/v1/services/broken?tenant=acme");
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["ok"]["health"], "unhealthy", "{v}");
+    assert_eq!(v["ok"]["backoff"][0]["last_exit_code"], 127, "{v}");
+
+    let (status, metrics) = f.get("/metrics");
+    assert_eq!(status, 200, "{metrics}");
+    let metrics = metrics.as_str().unwrap_or_default().to_owned();
+    let counted: usize = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(r#"meridian_jobs_finished_total{outcome="failed"} "#))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no failed jobs counted in\n{metrics}"));
+    assert!(counted >= failed.len(), "{counted} < {}", failed.len());
 }
 
 /// The route watcher (`e2e/py/route_watcher.py`), stopped when dropped; a thread collects its output lines as

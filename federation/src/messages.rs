@@ -1123,6 +1123,55 @@ pub struct ServiceView {
     pub replicas: Vec<ServiceReplicaView>,
     pub demand: Vec<LocationRate>,
     pub changes: Vec<ServiceChangeView>,
+    /// Whether it serves: healthy, degraded (some pool backs off) or unhealthy (nothing runs and replicas
+    /// keep exiting).
+    #[serde(default)]
+    pub health: ServiceHealth,
+    /// Pools where replicas keep exiting, and how long the next start waits there.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub backoff: Vec<ServiceBackoffView>,
+}
+
+/// A service's health, from what its replicas do.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ServiceHealth {
+    /// No pool backs off.
+    #[default]
+    Healthy,
+    /// Replicas run, but at some pool they keep exiting.
+    Degraded,
+    /// No replica runs and replicas keep exiting.
+    Unhealthy,
+}
+
+impl ServiceHealth {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServiceHealth::Healthy => "healthy",
+            ServiceHealth::Degraded => "degraded",
+            ServiceHealth::Unhealthy => "unhealthy",
+        }
+    }
+}
+
+/// The crash-loop backoff of a service at one pool: replicas there exited by themselves this many times in a
+/// row, the last as told, and no new one starts there before `next_start_ms`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceBackoffView {
+    pub site: SiteId,
+    pub pool: PoolName,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub spot: bool,
+    pub exits_in_a_row: u32,
+    pub last_job: JobId,
+    pub last_exit_code: Option<i32>,
+    /// The site's words (`failed: exit code 127 on dc-a`).
+    pub last_reason: String,
+    pub last_exit_ms: u64,
+    /// How long the last replica ran, in milliseconds.
+    pub last_ran_ms: u64,
+    pub next_start_ms: u64,
 }
 
 /// One pool a location may be routed to.

@@ -5,6 +5,7 @@
 pub mod access;
 pub mod autoscale;
 pub mod budget;
+pub mod crashloop;
 pub mod durable;
 pub mod error;
 pub mod index;

@@ -56,6 +56,13 @@ pub enum Observation {
         /// When it ended (its start plus its run time).
         ended_ms: u64,
     },
+    /// A job reached its end: succeeded, failed or cancelled.
+    Finished {
+        job: JobId,
+        tenant: TenantId,
+        outcome: JobPhase,
+        at_ms: u64,
+    },
 }
 
 /// The terms of a chosen candidate, as a trace tells them.

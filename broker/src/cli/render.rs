@@ -366,6 +366,11 @@ pub fn audit(entries: &[meridian_federation::AuditEntry]) {
     }
 }
 
+/// ISO-8601 UTC to the second (`2026-12-04T22:40:10Z`) of milliseconds since the epoch.
+fn iso(ms: u64) -> String {
+    format!("{}Z", utc(ms).replacen(' ', "T", 1))
+}
+
 /// `YYYY-MM-DD HH:MM:SS` of milliseconds since the epoch.
 fn utc(ms: u64) -> String {
     time::OffsetDateTime::from_unix_timestamp((ms / 1000) as i64)
@@ -407,6 +412,7 @@ pub fn service(s: &meridian_federation::ServiceView) {
             .as_ref()
             .map_or("balanced".to_owned(), |p| p.label())
     );
+    service_health(s);
     outln!(
         "{:<24} {:<18} {:<10} {:>10} {:>9} {:>12}",
         "REPLICA",
@@ -445,15 +451,48 @@ pub fn service(s: &meridian_federation::ServiceView) {
         }
     }
     for c in s.changes.iter().rev().take(10) {
+        let counts = if c.from == c.to {
+            String::new()
+        } else {
+            format!(" {} → {}", c.from, c.to)
+        };
         outln!(
-            "{} {}/{}{} {} → {}: {}",
-            meridian_core::utc(c.at_ms),
+            "{} {}/{}{}{counts}: {}",
+            iso(c.at_ms),
             c.site,
             c.pool,
             spot_mark(c.spot),
-            c.from,
-            c.to,
             c.why
+        );
+    }
+}
+
+/// A service's health, and each pool that backs off.
+fn service_health(s: &meridian_federation::ServiceView) {
+    use meridian_federation::ServiceHealth;
+    let why = match s.health {
+        ServiceHealth::Healthy => "",
+        ServiceHealth::Degraded => {
+            ": replicas run, but at some pool they keep ending by themselves"
+        }
+        ServiceHealth::Unhealthy => ": no replica runs and replicas keep ending by themselves",
+    };
+    outln!("health: {}{why}", s.health.as_str());
+    for b in &s.backoff {
+        let code = b
+            .last_exit_code
+            .map_or_else(|| "no exit code".to_owned(), |c| format!("exit code {c}"));
+        outln!(
+            "  {}/{}{}: {} in a row, the last {} at {} ({code}, ran {} s: {}); crash-loop backoff, next start at {}",
+            b.site,
+            b.pool,
+            spot_mark(b.spot),
+            b.exits_in_a_row,
+            b.last_job,
+            iso(b.last_exit_ms),
+            b.last_ran_ms / 1000,
+            b.last_reason,
+            iso(b.next_start_ms)
         );
     }
 }

@@ -48,6 +48,11 @@ struct QueueReason {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Outcome {
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Phase {
     phase: String,
 }
@@ -78,6 +83,7 @@ pub struct Metrics {
     co2e: Family<TenantLabel, FloatCounter>,
     burst: FloatCounter,
     replies_refused: Family<Reason, Counter>,
+    finished: Family<Outcome, Counter>,
     pending: Family<QueueReason, Gauge>,
     jobs: Family<Phase, Gauge>,
     sites: Family<StateLabel, Gauge>,
@@ -111,6 +117,7 @@ impl Metrics {
             co2e: Family::default(),
             burst: FloatCounter::default(),
             replies_refused: Family::default(),
+            finished: Family::default(),
             pending: Family::default(),
             jobs: Family::default(),
             sites: Family::default(),
@@ -179,6 +186,11 @@ impl Metrics {
             "meridian_replies_refused",
             "Answers the broker did not send because the request named a reply subject that is not the caller's own inbox, by what was asked",
             m.replies_refused.clone(),
+        );
+        r.register(
+            "meridian_jobs_finished",
+            "Jobs that reached their end, by outcome (succeeded, failed, cancelled); a service's replicas included",
+            m.finished.clone(),
         );
         r.register(
             "meridian_pending_jobs",
@@ -260,6 +272,13 @@ impl Metrics {
                     if *tier == Tier::Cloud {
                         self.burst.inc_by(*device_ms as f64 / 1000.0);
                     }
+                }
+                Observation::Finished { outcome, .. } => {
+                    self.finished
+                        .get_or_create(&Outcome {
+                            outcome: outcome.as_str().to_owned(),
+                        })
+                        .inc();
                 }
             }
         }
@@ -354,7 +373,9 @@ impl Metrics {
 mod tests {
     use super::*;
     use meridian_core::observe::{PreemptReason, Terms};
-    use meridian_federation::{Amounts, DeviceMetrics, JobId, ModelName, TenantId, WIRE_VERSION};
+    use meridian_federation::{
+        Amounts, DeviceMetrics, JobId, JobPhase, ModelName, TenantId, WIRE_VERSION,
+    };
 
     fn site(s: &str) -> SiteId {
         SiteId::new(s).unwrap_or_else(|e| panic!("{e}"))
@@ -405,9 +426,9 @@ mod tests {
                 at_ms: 4000,
             },
             Observation::Metered {
-                job,
+                job: job.clone(),
                 attempt: 2,
-                tenant,
+                tenant: tenant.clone(),
                 site: site("dc-a"),
                 tier: Tier::Cloud,
                 amounts: Amounts {
@@ -419,6 +440,12 @@ mod tests {
                 offered_ms: 3000,
                 started_ms: Some(3000),
                 ended_ms: 93_000,
+            },
+            Observation::Finished {
+                job,
+                tenant,
+                outcome: JobPhase::Failed,
+                at_ms: 93_000,
             },
         ]);
         m.placement_step(0.004, 2);
@@ -466,6 +493,7 @@ mod tests {
             r#"meridian_tenant_energy_joules_total{tenant="research"} 7200.0"#,
             r#"meridian_tenant_co2e_grams_total{tenant="research"} 7.0"#,
             "meridian_burst_device_seconds_total 90.0",
+            r#"meridian_jobs_finished_total{outcome="failed"} 1"#,
             r#"meridian_pending_jobs{queue="research",reason="quota"} 3"#,
             r#"meridian_sites{state="lost"} 1"#,
             r#"meridian_devices{site="dc-a",model="H100",state="free"} 1.5"#,

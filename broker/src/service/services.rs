@@ -11,6 +11,7 @@ use meridian_core::autoscale::{
     desired_from, offers, routes, Change, LocationDemand, Objective, Offer, Present, ReplicaKey,
     Scaler, Settings,
 };
+use meridian_core::crashloop::{self, CrashLoop, Exit};
 use meridian_core::journal::Journal;
 use meridian_core::model::{Job, Site};
 use meridian_core::placement::View;
@@ -18,9 +19,10 @@ use meridian_core::reactor::StepError;
 use meridian_core::reactor::{Event, Reactor};
 use meridian_core::Millis;
 use meridian_federation::{
-    ApiReply, DemandReport, ErrorBody, ErrorCode, JobPhase, LocationRate, LocationRoutesView,
-    Policy, RouteView, RoutesUpdate, RoutesView, ServiceChangeView, ServiceName,
-    ServiceReplicaView, ServiceSpec, ServiceView, SiteId, TenantId,
+    ApiReply, DemandReport, ErrorBody, ErrorCode, JobId, JobPhase, LocationRate,
+    LocationRoutesView, Policy, RouteView, RoutesUpdate, RoutesView, ServiceBackoffView,
+    ServiceChangeView, ServiceHealth, ServiceName, ServiceReplicaView, ServiceSpec, ServiceView,
+    SiteId, TenantId,
 };
 use std::collections::{BTreeMap, VecDeque};
 use tokio::sync::oneshot;
@@ -56,6 +58,10 @@ struct Run {
     /// Gateways watching the routing table.
     watches: Vec<Watch>,
     routes_ms: Millis,
+    /// Crash-loop backoff per pool where replicas ended by themselves.
+    crashes: BTreeMap<ReplicaKey, CrashLoop>,
+    /// The last finished job looked at for exits.
+    exits_seen: Option<(Millis, JobId)>,
 }
 
 /// A gateway's watch of a routing table: where its changes go, until when, and what it last got.
@@ -291,6 +297,70 @@ impl Run {
         out
     }
 
+    /// Takes in the replicas that ended by themselves since the last look (each holds its pool for the
+    /// crash-loop backoff, and is told in the changes), and clears the pools where a replica has run for
+    /// [`crashloop::HEALTHY_RUN_MS`]. After a start, exits of the last ten minutes are looked at.
+    fn watch_exits<J: Journal>(&mut self, reactor: &Reactor<J>, spec: &ServiceSpec, now: Millis) {
+        let state = reactor.state();
+        let since = now.saturating_sub(crashloop::HEALTHY_RUN_MS);
+        let mut last = None;
+        let mut told = Vec::new();
+        for (at, j) in state.finished_after(self.exits_seen.as_ref(), since) {
+            last = Some(at.clone());
+            let mine = j.spec.tenant == spec.tenant && j.spec.service.as_ref() == Some(&spec.name);
+            let by_itself = matches!(j.phase, JobPhase::Failed | JobPhase::Succeeded);
+            if !mine || !by_itself || j.cancel_requested {
+                continue;
+            }
+            let Some(key) = key_of(j, state.sites()) else {
+                continue;
+            };
+            let ran_ms = j.started_ms.map_or(0, |s| at.0.saturating_sub(s));
+            let crashes = self.crashes.entry(key.clone()).or_default();
+            crashes.exited(Exit {
+                job: j.id.clone(),
+                at_ms: at.0,
+                ran_ms,
+                exit_code: j.exit_code,
+                reason: j.why.clone(),
+            });
+            let code = j
+                .exit_code
+                .map_or_else(|| "no exit code".to_owned(), |c| format!("exit code {c}"));
+            told.push(ServiceChangeView {
+                at_ms: at.0,
+                site: key.site.clone(),
+                pool: key.pool.clone(),
+                spot: key.spot,
+                from: 0,
+                to: 0,
+                why: format!(
+                    "replica {} ended by itself ({code}; {}) after {} s, {} in a row here: crash-loop backoff, no new replica here for {} s",
+                    j.id,
+                    j.why,
+                    ran_ms / 1000,
+                    crashes.in_a_row(),
+                    crashes.until_ms().saturating_sub(now) / 1000,
+                ),
+            });
+        }
+        if last.is_some() {
+            self.exits_seen = last;
+        }
+        for change in told {
+            self.record(change);
+        }
+        for j in live_replicas(reactor, spec).filter(|j| j.phase == JobPhase::Running) {
+            let (Some(key), Some(started)) = (key_of(j, state.sites()), j.started_ms) else {
+                continue;
+            };
+            if let Some(c) = self.crashes.get_mut(&key) {
+                c.running(started, now);
+            }
+        }
+        self.crashes.retain(|_, c| !c.is_clear());
+    }
+
     fn demand(&self, now: Millis) -> Vec<LocationDemand> {
         self.demand
             .values()
@@ -358,6 +428,7 @@ impl Autoscaling {
             }
             run.last_ms = now;
             out.extend(run.replace_lost(reactor, spec, now));
+            run.watch_exits(reactor, spec, now);
             let offers = live_offers(reactor, spec, &run.held, now);
             let have = present(reactor, spec, now);
             let s = settings(spec);
@@ -366,7 +437,19 @@ impl Autoscaling {
                 .scaler
                 .step(now, &offers, &demand, &have, reactor.rtt(), &s);
             for (i, c) in changes.iter().enumerate() {
+                let crashes = run.crashes.get(&c.key);
+                if c.to > c.from && crashes.is_some_and(|b| b.holds(now)) {
+                    // Backing off: started when the wait is over (the plan still wants it here).
+                    continue;
+                }
                 out.extend(carry_out(reactor, spec, c, now, i as u64));
+                let why = match crashes.filter(|_| c.to > c.from) {
+                    Some(b) => format!(
+                        "replaces replicas that ended by themselves ({} in a row here), after the crash-loop backoff",
+                        b.in_a_row()
+                    ),
+                    None => why(c),
+                };
                 run.record(ServiceChangeView {
                     at_ms: now,
                     site: c.key.site.clone(),
@@ -374,7 +457,7 @@ impl Autoscaling {
                     spot: c.key.spot,
                     from: c.from,
                     to: c.to,
-                    why: why(c),
+                    why,
                 });
             }
         }
@@ -437,7 +520,7 @@ impl Autoscaling {
                 *per_key.entry(offers[*i].key.clone()).or_default() += rate;
             }
         }
-        let replicas = live_replicas(reactor, spec)
+        let replicas: Vec<ServiceReplicaView> = live_replicas(reactor, spec)
             .filter_map(|j| {
                 let key = key_of(j, reactor.state().sites())?;
                 let o = offers.iter().find(|o| o.key == key);
@@ -460,8 +543,35 @@ impl Autoscaling {
                 })
             })
             .collect();
+        let backoff: Vec<ServiceBackoffView> = run
+            .into_iter()
+            .flat_map(|r| &r.crashes)
+            .filter_map(|(key, c)| {
+                let last = c.last()?;
+                Some(ServiceBackoffView {
+                    site: key.site.clone(),
+                    pool: key.pool.clone(),
+                    spot: key.spot,
+                    exits_in_a_row: c.in_a_row(),
+                    last_job: last.job.clone(),
+                    last_exit_code: last.exit_code,
+                    last_reason: last.reason.clone(),
+                    last_exit_ms: last.at_ms,
+                    last_ran_ms: last.ran_ms,
+                    next_start_ms: c.until_ms(),
+                })
+            })
+            .collect();
+        let serving = replicas.iter().any(|r| r.state == "running");
+        let health = match (backoff.is_empty(), serving) {
+            (true, _) => ServiceHealth::Healthy,
+            (false, true) => ServiceHealth::Degraded,
+            (false, false) => ServiceHealth::Unhealthy,
+        };
         ServiceView {
             spec: spec.clone(),
+            health,
+            backoff,
             replicas,
             demand: demand
                 .iter()
@@ -886,5 +996,82 @@ mod tests {
             "{:?}",
             view.changes
         );
+    }
+
+    /// A replica that exits at once is started again after 10 s, then 20 s, then 40 s (not every planning
+    /// step), the service shows itself unhealthy with the exit code, and a replica that runs ten minutes
+    /// clears the backoff.
+    #[test]
+    fn replicas_that_keep_exiting_back_off_and_one_that_runs_ten_minutes_clears_it() {
+        use meridian_federation::{AttemptState, OfferOutcome};
+        let mut env = TestEnv::new(vec![site("near-a", Tier::Owned, 40.7, -74.0)
+            .gpus("A100", 4, 1.0)
+            .build()]);
+        let mut spec = service();
+        spec.min_replicas = 1;
+        env.step(Event::ServiceDeployed(spec.clone()));
+        let mut scaling = Autoscaling::default();
+        let start = env.now;
+        let mut starts: Vec<Millis> = Vec::new();
+        let tick =
+            |env: &mut TestEnv, scaling: &mut Autoscaling, starts: &mut Vec<Millis>, fail: bool| {
+                env.heartbeat("near-a");
+                for e in scaling.events(&env.reactor, env.now) {
+                    if pinned_to(&e).is_some() {
+                        starts.push(env.now - start);
+                    }
+                    env.step(e);
+                }
+                for o in env.take_offers() {
+                    env.answer(&o, OfferOutcome::Accepted);
+                    env.status(&o, AttemptState::Running, 0);
+                    if fail {
+                        env.advance(300);
+                        env.status(
+                            &o,
+                            AttemptState::Failed {
+                                exit_code: Some(127),
+                                reason: "exit code 127".into(),
+                            },
+                            300,
+                        );
+                    }
+                }
+                env.advance(1_000);
+            };
+        while env.now < start + 60_000 {
+            tick(&mut env, &mut scaling, &mut starts, true);
+        }
+        let starts_in_a_minute = starts.clone();
+        assert_eq!(starts_in_a_minute.len(), 3, "{starts_in_a_minute:?}");
+        let gaps: Vec<u64> = starts_in_a_minute.windows(2).map(|w| w[1] - w[0]).collect();
+        assert!(
+            (10_000..14_000).contains(&gaps[0]) && (20_000..24_000).contains(&gaps[1]),
+            "{gaps:?}"
+        );
+        let view = scaling.view(&env.reactor, &spec, env.now);
+        assert_eq!(view.health, ServiceHealth::Unhealthy, "{view:?}");
+        let b = &view.backoff[0];
+        assert_eq!(
+            (b.exits_in_a_row, b.last_exit_code),
+            (3, Some(127)),
+            "{b:?}"
+        );
+        assert!(b.next_start_ms > env.now, "{b:?}");
+        assert!(
+            view.changes
+                .iter()
+                .any(|c| c.why.contains("exit code 127") && c.why.contains("crash-loop backoff")),
+            "{:?}",
+            view.changes
+        );
+        // The next replica runs: after ten minutes the pool is clear and the service healthy.
+        while env.now < start + 60_000 + 40_000 + crashloop::HEALTHY_RUN_MS {
+            tick(&mut env, &mut scaling, &mut starts, false);
+        }
+        let view = scaling.view(&env.reactor, &spec, env.now);
+        assert_eq!(view.health, ServiceHealth::Healthy, "{view:?}");
+        assert!(view.backoff.is_empty(), "{view:?}");
+        assert_eq!(starts.len(), 4, "{starts:?}");
     }
 }

@@ -206,6 +206,8 @@ impl Maker {
                 }
                 self.telemetry.span(&root);
             }
+            // An attempt's span ends when it is metered.
+            Observation::Finished { .. } => {}
         }
     }
 }

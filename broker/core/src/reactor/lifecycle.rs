@@ -74,10 +74,10 @@ impl<J: Journal> Reactor<J> {
             JobPhase::Pending => {
                 job.phase = JobPhase::Cancelled;
                 job.finished_ms = Some(now);
-                self.state.finished.insert((now, id.clone()));
                 job.why = "cancelled while pending".into();
                 job.note(now, "cancelled while pending");
                 self.state.waiting.remove(id);
+                self.settled(now, id);
             }
             JobPhase::Offered | JobPhase::Running => {
                 job.phase = JobPhase::Cancelling;
@@ -382,7 +382,6 @@ impl<J: Journal> Reactor<J> {
             job.phase = phase;
             job.exit_code = exit;
             job.finished_ms = Some(now);
-            self.state.finished.insert((now, s.job.clone()));
             job.started_ms = job.started_ms.or(s.started_at_ms);
             let at = job
                 .assignment
@@ -391,7 +390,24 @@ impl<J: Journal> Reactor<J> {
                 .unwrap_or_default();
             job.why = format!("{why} on {at}");
             job.note(now, format!("attempt {} {why} on {at}", s.attempt));
+            self.settled(now, &s.job);
         }
+    }
+
+    /// Files a job that just reached its end (its phase and finish time set): by finish time, the next to
+    /// archive first, and observed by outcome.
+    pub(super) fn settled(&mut self, now: Millis, id: &JobId) {
+        let Some(job) = self.state.jobs.get(id) else {
+            return;
+        };
+        let finished = crate::observe::Observation::Finished {
+            job: id.clone(),
+            tenant: job.spec.tenant.clone(),
+            outcome: job.phase,
+            at_ms: now,
+        };
+        self.state.finished.insert((now, id.clone()));
+        self.saw(finished);
     }
 
     /// Requeues a job that held devices: pending again, with its wait restarted.

@@ -216,9 +216,9 @@ impl<J: Journal> Reactor<J> {
                 if let Some(job) = self.state.jobs.get_mut(&id) {
                     job.phase = JobPhase::Cancelled;
                     job.finished_ms = Some(now);
-                    self.state.finished.insert((now, id.clone()));
                     job.why = format!("cancelled; site {site} was lost");
                     job.note(now, job.why.clone());
+                    self.settled(now, &id);
                 }
             } else {
                 self.requeue(now, &id, &format!("site {site} lost (no heartbeats)"));

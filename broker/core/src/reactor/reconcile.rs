@@ -136,7 +136,7 @@ impl<J: Journal> Reactor<J> {
                 j.why = format!("cancelled; site {site} no longer had attempt {attempt}");
                 j.note(now, j.why.clone());
             }
-            self.state.finished.insert((now, job.clone()));
+            self.settled(now, job);
             return;
         }
         self.requeue(

@@ -116,6 +116,21 @@ impl State {
         self.jobs.get(id)
     }
 
+    /// Finished jobs still in the live state, in the order they finished: those after `after` (the last one
+    /// seen, by finish time and job), or with none seen yet those that finished at `since_ms` or later.
+    pub fn finished_after<'a>(
+        &'a self,
+        after: Option<&'a (Millis, JobId)>,
+        since_ms: Millis,
+    ) -> impl Iterator<Item = (&'a (Millis, JobId), &'a Job)> + 'a {
+        use std::ops::Bound;
+        let from = after.map_or(Bound::Unbounded, Bound::Excluded);
+        self.finished
+            .range((from, Bound::Unbounded))
+            .skip_while(move |k| after.is_none() && k.0 < since_ms)
+            .filter_map(|k| self.jobs.get(&k.1).map(|j| (k, j)))
+    }
+
     /// The tenancy in force as the text it was set from.
     pub fn tenancy_toml(&self) -> Option<&str> {
         self.tenancy_toml.as_deref()
