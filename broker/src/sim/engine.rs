@@ -484,4 +484,55 @@ mod tests {
             out.unplaceable[0].1
         );
     }
+
+    /// The same with a tenancy, in the form that once kept a run from ending: a high-priority job asking for its
+    /// queue's whole quota of a model no pool has is set aside as unplaceable; it does not preempt the queue's
+    /// running work at every try (which then never finished).
+    #[test]
+    fn a_job_no_site_can_run_under_a_quota_preempts_nothing_and_the_run_ends() {
+        let path = crate::local::workspace_root().join("configs/sim/federation.toml");
+        let fed = SimFederation::load(&path).unwrap();
+        let job = |key: &str, count: u32, model: &str, priority: &str, at_s: u64| {
+            let mut r = Resources::whole(AcceleratorKind::Gpu, count);
+            r.models = vec![model.into()];
+            let mut spec =
+                JobSpec::new(TenantId::new("t").unwrap(), key, JobKind::Batch, r, "true");
+            spec.duration_s = Some(7_200);
+            spec.priority = Some(priority.into());
+            SimJob {
+                spec,
+                arrival_ms: SERIES_EPOCH_MS + at_s * 1000,
+                reference_ms: 7_200_000,
+                fixed_runtime: false,
+                trace_models: Vec::new(),
+            }
+        };
+        let mut jobs: Vec<SimJob> = (0..8)
+            .map(|i| job(&format!("work{i}"), 1, "A100", "low", i))
+            .collect();
+        jobs.push(job("never", 8, "V100M32", "high", 60));
+        let tenancy = r#"
+default_priority = "low"
+priority_classes = [{ name = "high", value = 100 }, { name = "low", value = 0 }]
+[[queues]]
+name = "t"
+tenant = "t"
+quota = { "gpu:*" = 8 }
+"#;
+        let out = run(
+            &fed,
+            &jobs,
+            &Ranking::Policy(Policy::Cost),
+            SERIES_EPOCH_MS,
+            Some(tenancy),
+        )
+        .unwrap();
+        assert_eq!(
+            out.schedule.len(),
+            8,
+            "each job ran once: {:?}",
+            out.schedule
+        );
+        assert_eq!(out.unplaceable.len(), 1, "{:?}", out.unplaceable);
+    }
 }

@@ -242,6 +242,9 @@ impl<J: Journal> Reactor<J> {
                 }
                 false
             }
+            // Work is stopped only for a job that some pool can run: one that fits nowhere goes on to
+            // placement, which sets it aside as unplaceable.
+            crate::quota::Admission::Preempt { .. } if self.fits_nowhere(now, id) => true,
             crate::quota::Admission::Preempt {
                 victims,
                 reason,
@@ -307,6 +310,29 @@ impl<J: Journal> Reactor<J> {
             *quota = None;
         }
         Some(decision)
+    }
+
+    /// Whether no pool of the federation can run the job as it stands (model, kind, memory, residency, size),
+    /// whatever frees up.
+    fn fits_nowhere(&self, now: Millis, id: &JobId) -> bool {
+        let Some(job) = self.state.jobs.get(id) else {
+            return false;
+        };
+        let refused: Vec<SiteId> = job.refused_sites(now).cloned().collect();
+        let capped = self.capped_pools(job, &mut None);
+        let request = Request {
+            spec: &job.spec,
+            waited_ms: now.saturating_sub(job.waiting_since_ms),
+            refused: &refused,
+            capped: &capped,
+            baseline: self.baseline,
+            spent: self.spent(&job.spec),
+            queue_policy: self.queue_policy(&job.spec),
+        };
+        matches!(
+            placement::place(self.view(), request, now).outcome,
+            Outcome::Wait(placement::Wait::NoSiteFits { .. })
+        )
     }
 
     /// A job's explanation. A waiting job's candidates are those placement would weigh now; a placed job's,

@@ -192,6 +192,48 @@ fn a_higher_priority_job_preempts_lower_priority_work_of_its_own_queue_at_quota(
     assert_eq!(env.phase(&other), JobPhase::Pending);
 }
 
+/// A higher-priority job that no pool of the federation can run (a model nobody has) preempts nothing: it
+/// waits as unplaceable, and the work its quota would have taken keeps running, tick after tick. (Before, it
+/// preempted the queue's work at every try and never ran, so that work never finished.)
+#[test]
+fn a_job_no_pool_can_run_preempts_nothing_for_its_quota() {
+    let mut env = TestEnv::new(trio());
+    let t = COHORT.replace("cohort = \"research\"\n", "");
+    env.set_tenancy(&t);
+    for i in 0..8 {
+        env.submit(tenant_job("team-a", &format!("exp{i}")));
+        env.advance(10);
+        run_all(&mut env);
+    }
+    assert_eq!(count(&env, "team-a", JobPhase::Running), 8);
+    let mut never = job("never", 8);
+    never.tenant = TenantId::new("team-a").unwrap();
+    never.priority = Some("production".into());
+    never.resources.models = vec![ModelName::from("Z999")];
+    let id = env.submit(never);
+    for _ in 0..20 {
+        env.advance(5_000);
+        for site in ["a-cheap", "b-green", "c-frankfurt"] {
+            env.heartbeat(site);
+        }
+        env.step(Event::Tick);
+        run_all(&mut env);
+    }
+    let job = &env.reactor.state().jobs[&id];
+    assert_eq!(job.phase, JobPhase::Pending);
+    assert!(job.unsatisfiable, "{}", job.why);
+    assert!(job.why.contains("no site fits"), "{}", job.why);
+    let preempted = env
+        .reactor
+        .state()
+        .jobs
+        .values()
+        .filter(|j| j.attempt > 1 || j.history.iter().any(|(_, h)| h.contains("preempted")))
+        .count();
+    assert_eq!(preempted, 0);
+    assert_eq!(count(&env, "team-a", JobPhase::Running), 8);
+}
+
 #[test]
 fn borrowing_stops_at_the_borrowing_limit_and_unknown_queues_are_refused() {
     let t = COHORT.replace(
