@@ -120,6 +120,33 @@ pub struct Site {
     pub advert_draining: bool,
     /// Drain asked through the API.
     pub api_draining: bool,
+    /// A print of its facts that decide whether a job can fit there at all (soft state).
+    #[serde(skip)]
+    pub facts: FactsPrint,
+}
+
+/// A print of a site's facts that decide whether a job can fit there at all: what it is and where, its prices,
+/// carbon and datasets, its pools' models, sizes and prices and which devices are healthy — not what is reserved
+/// or used. Soft state: neither snapshotted nor journaled, worked out again when a site is taken in or restored,
+/// and left out of equality. What `reactor::aside` compares.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FactsPrint(pub u64);
+
+impl PartialEq for FactsPrint {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+/// Feeds formatted text into a hasher, so a print is made without building the text.
+struct HashWriter<'a>(&'a mut std::collections::hash_map::DefaultHasher);
+
+impl std::fmt::Write for HashWriter<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        use std::hash::Hasher;
+        self.0.write(s.as_bytes());
+        Ok(())
+    }
 }
 
 impl Site {
@@ -133,7 +160,55 @@ impl Site {
             inventory_asked_ms: 0,
             advert_draining: a.draining,
             api_draining: false,
+            facts: FactsPrint::default(),
         }
+        .with_facts_print()
+    }
+
+    /// The site with its [`FactsPrint`] worked out.
+    pub fn with_facts_print(mut self) -> Self {
+        use std::fmt::Write;
+        use std::hash::Hash;
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        // Debug text of plain data is stable within a build, which is as long as soft state lives. The grid's
+        // carbon intensity, which moves by the hour, decides where a job goes, never whether it fits.
+        let i = &self.info;
+        let _ = write!(
+            HashWriter(&mut h),
+            "{:?}{:?}{:?}{:?}{:?}{:?}{}{}{}{:?}{:?}",
+            i.id,
+            i.kind,
+            i.tier,
+            i.location,
+            i.region_tags,
+            i.rtt_region,
+            i.pue,
+            i.energy_micro_usd_per_kwh,
+            i.egress_micro_usd_per_gb,
+            i.datasets,
+            i.backend
+        );
+        for p in &self.pools {
+            let _ = write!(
+                HashWriter(&mut h),
+                "{:?}{:?}{}{}{}{:?}{}{}{:?}{}",
+                p.name,
+                p.kind,
+                p.vendor,
+                p.model.as_str(),
+                p.memory_mib,
+                p.spot_price_micro_usd_per_hour,
+                p.price_micro_usd_per_hour,
+                p.milli_sharing,
+                p.mig_profiles,
+                p.devices_per_node
+            );
+            for d in &p.devices {
+                (d.index, d.healthy).hash(&mut h);
+            }
+        }
+        self.facts = FactsPrint(std::hash::Hasher::finish(&h));
+        self
     }
 
     /// Whether an advert says nothing new: the same generation of the same facts, from a site that is up, with
@@ -179,6 +254,7 @@ impl Site {
         self.last_seen_ms = now;
         self.up = true;
         self.advert_draining = fresh.advert_draining;
+        self.facts = fresh.facts;
     }
 
     pub fn id(&self) -> &SiteId {

@@ -407,6 +407,7 @@ impl<J: Journal> Reactor<J> {
             at_ms: now,
         };
         self.state.finished.insert((now, id.clone()));
+        self.state.aside.remove(id);
         self.saw(finished);
     }
 

@@ -2,6 +2,7 @@
 //! records it in the journal, applies it, and pushes the messages to send into the outbox. The async shell
 //! around it only moves bytes; it decides nothing.
 
+mod aside;
 mod checks;
 mod events;
 mod fairness;
@@ -90,6 +91,10 @@ pub struct Reactor<J: Journal> {
     released: u64,
     /// What steps did, for the shell's metrics; `None` until [`Reactor::observe`] (replay records nothing).
     observations: Option<Vec<crate::observe::Observation>>,
+    /// In a scheduling pass (the sites' facts do not change during one), and the federation's print as
+    /// worked out in it (see [`aside`]).
+    in_pass: bool,
+    pass_print: Option<u64>,
 }
 
 impl<J: Journal> Reactor<J> {
@@ -109,6 +114,8 @@ impl<J: Journal> Reactor<J> {
             outbox: Vec::new(),
             released: 0,
             observations: None,
+            in_pass: false,
+            pass_print: None,
         }
     }
 
@@ -479,6 +486,7 @@ impl<J: Journal> Reactor<J> {
             }
         }
         for site in snap.sites {
+            let site = site.with_facts_print();
             st.index.update(&site, &self.throughput);
             st.sites.insert(site.id().clone(), site);
         }

@@ -17,6 +17,14 @@ impl<J: Journal> Reactor<J> {
     /// are looked at again if the pass frees capacity (a preemption) or, for those held by quota, places a job.
     /// Otherwise only the jobs whose timers are due are tried.
     pub(super) fn try_pending(&mut self, now: Millis) {
+        self.in_pass = true;
+        self.pass_print = None;
+        self.scheduling_pass(now);
+        self.in_pass = false;
+        self.pass_print = None;
+    }
+
+    fn scheduling_pass(&mut self, now: Millis) {
         let dirty = self.state.dirty;
         if self.state.waiting.is_empty() {
             // Nothing waits: whether capacity changed stays as it was (so a tick that is not journaled changes
@@ -69,7 +77,12 @@ impl<J: Journal> Reactor<J> {
         // Groups passed over: (group, order key, the job tried last, blocked by quota rather than capacity).
         let mut held: Vec<(u32, OrderKey, JobId, bool)> = Vec::new();
         while let Some(Reverse((key, id, g))) = heads.pop() {
+            let was_unsatisfiable = self.state.jobs.get(&id).is_some_and(|j| j.unsatisfiable);
             let tried = self.try_place_with(now, &id, &mut quota);
+            // A job found to fit nowhere for the first time: the rest of its group is tried too (each is set
+            // aside in turn, and its demand leaves the quota's waiting work, as a pass trying every job does).
+            let newly_unsatisfiable =
+                !was_unsatisfiable && self.state.jobs.get(&id).is_some_and(|j| j.unsatisfiable);
             // Capacity came free (or quota moved): groups passed over may have jobs that can go now. A pass that
             // tried every job would reach only those after this one in its order; so do we.
             let mut reopen = |only_quota: bool, heads: &mut BinaryHeap<_>| {
@@ -90,7 +103,10 @@ impl<J: Journal> Reactor<J> {
             } else if tried.placed {
                 reopen(true, &mut heads);
             }
-            match tried.blocked.filter(|_| !self.config.exhaustive_passes) {
+            match tried
+                .blocked
+                .filter(|_| !self.config.exhaustive_passes && !newly_unsatisfiable)
+            {
                 Some(by_quota) => held.push((g, key, id, by_quota)),
                 None => {
                     if let Some(next) = self.state.waiting.next_in(g, Some(&id), stamp) {
@@ -117,10 +133,14 @@ impl<J: Journal> Reactor<J> {
                     .unwrap_or(t.default_priority);
                 match t.queue_of(&job.spec.tenant, job.spec.queue.as_ref()) {
                     Ok(q) => {
-                        let demand = Self::spec_demand(&job.spec)
-                            .into_iter()
-                            .map(|(c, m)| (q.name.clone(), c, m))
-                            .collect();
+                        // A job no pool can run cannot use quota: its demand keeps no lender's quota back.
+                        let demand = match job.unsatisfiable {
+                            true => Vec::new(),
+                            false => Self::spec_demand(&job.spec)
+                                .into_iter()
+                                .map(|(c, m)| (q.name.clone(), c, m))
+                                .collect(),
+                        };
                         (q.name.to_string(), Some(q.name.clone()), priority, demand)
                     }
                     Err(_) => (tenant_owner(&job.spec.tenant), None, priority, Vec::new()),
@@ -182,14 +202,39 @@ impl<J: Journal> Reactor<J> {
             return Tried::default();
         }
         job.refused_until.retain(|(_, u)| *u > now);
+        let unsatisfiable = job.unsatisfiable;
         let released = self.released;
         let mut tried = Tried::default();
-        if !self.admit_before_placement(now, id, quota) {
+        // A job no pool could run is asked first whether one can now (quota comes after: it is not waiting
+        // for quota).
+        let nowhere = match unsatisfiable && !self.still_aside(id) {
+            true => self.nowhere(now, id, quota),
+            false => None,
+        };
+        if unsatisfiable && self.state.aside.contains_key(id) {
+            // No pool could run it, and the federation has not changed since: placement would say the same.
+            tried.blocked = Some(false);
+            let unchanged = self.state.jobs.get(id).is_some_and(|j| {
+                j.refused_until.is_empty() && j.unsatisfiable && j.retry_at_ms.is_none()
+            }) && self.released == released;
+            if unchanged && self.aside_why_holds(id) {
+                // Nothing to record and nothing to file again.
+                return tried;
+            }
+            if let Some((_, wait, _)) = self.state.aside.get(id).cloned() {
+                self.record_wait(now, id, &wait);
+            }
+        } else if let Some(wait) = nowhere {
+            tried.blocked = Some(false);
+            self.set_aside(now, id, &wait, quota);
+            self.record_wait(now, id, &wait);
+        } else if !self.admit_before_placement(now, id, quota) {
             tried.blocked = Some(true);
         } else if let Some(decision) = self.decide(now, id, quota) {
             match &decision.outcome {
                 Outcome::Wait(wait) => {
                     let wait = wait.clone();
+                    drop(decision);
                     if matches!(
                         wait,
                         placement::Wait::Busy { burst_in_ms: None }
@@ -197,7 +242,10 @@ impl<J: Journal> Reactor<J> {
                     ) {
                         tried.blocked = Some(false);
                     }
-                    self.record_wait(now, id, &wait, decision);
+                    if matches!(wait, placement::Wait::NoSiteFits { .. }) {
+                        self.set_aside(now, id, &wait, quota);
+                    }
+                    self.record_wait(now, id, &wait);
                 }
                 Outcome::Place(choice) => {
                     let choice = choice.clone();
@@ -244,7 +292,11 @@ impl<J: Journal> Reactor<J> {
             }
             // Work is stopped only for a job that some pool can run: one that fits nowhere goes on to
             // placement, which sets it aside as unplaceable.
-            crate::quota::Admission::Preempt { .. } if self.fits_nowhere(now, id) => true,
+            crate::quota::Admission::Preempt { .. }
+                if self.still_aside(id) || self.nowhere(now, id, quota).is_some() =>
+            {
+                true
+            }
             crate::quota::Admission::Preempt {
                 victims,
                 reason,
@@ -312,14 +364,17 @@ impl<J: Journal> Reactor<J> {
         Some(decision)
     }
 
-    /// Whether no pool of the federation can run the job as it stands (model, kind, memory, residency, size),
-    /// whatever frees up.
-    fn fits_nowhere(&self, now: Millis, id: &JobId) -> bool {
-        let Some(job) = self.state.jobs.get(id) else {
-            return false;
-        };
+    /// Why the job waits if no pool of the federation can run it as it stands (model, kind, memory,
+    /// residency, size), whatever frees up.
+    fn nowhere(
+        &mut self,
+        now: Millis,
+        id: &JobId,
+        quota: &mut Option<crate::quota::QuotaView>,
+    ) -> Option<placement::Wait> {
+        let capped = self.capped_pools(self.state.jobs.get(id)?, quota);
+        let job = self.state.jobs.get(id)?;
         let refused: Vec<SiteId> = job.refused_sites(now).cloned().collect();
-        let capped = self.capped_pools(job, &mut None);
         let request = Request {
             spec: &job.spec,
             waited_ms: now.saturating_sub(job.waiting_since_ms),
@@ -329,10 +384,10 @@ impl<J: Journal> Reactor<J> {
             spent: self.spent(&job.spec),
             queue_policy: self.queue_policy(&job.spec),
         };
-        matches!(
-            placement::place(self.view(), request, now).outcome,
-            Outcome::Wait(placement::Wait::NoSiteFits { .. })
-        )
+        match placement::place(self.view(), request, now).outcome {
+            Outcome::Wait(w @ placement::Wait::NoSiteFits { .. }) => Some(w),
+            _ => None,
+        }
     }
 
     /// A job's explanation. A waiting job's candidates are those placement would weigh now; a placed job's,
@@ -369,14 +424,50 @@ impl<J: Journal> Reactor<J> {
         }
     }
 
-    /// The job waits: why, and when to try it again even if nothing changes.
-    fn record_wait(
+    /// A job no pool can run, found so with nothing of its own in the way (no site it is kept off, no pool its
+    /// quota caps): set aside until the federation changes (see [`super::aside`]).
+    fn set_aside(
         &mut self,
         now: Millis,
         id: &JobId,
         wait: &placement::Wait,
-        decision: placement::Decision,
+        quota: &mut Option<crate::quota::QuotaView>,
     ) {
+        let Some(job) = self.state.jobs.get(id) else {
+            return;
+        };
+        if job.refused_sites(now).next().is_some() || !self.capped_pools(job, quota).is_empty() {
+            return;
+        }
+        let print = self.federation_print();
+        self.state
+            .aside
+            .insert(id.clone(), (print, wait.clone(), wait.to_string()));
+    }
+
+    /// Whether a job set aside still says why, as placement last told it.
+    fn aside_why_holds(&self, id: &JobId) -> bool {
+        match (self.state.jobs.get(id), self.state.aside.get(id)) {
+            (Some(j), Some((_, _, why))) => j.why == *why,
+            _ => false,
+        }
+    }
+
+    /// Whether a job is set aside and the federation is as it was when it was set aside.
+    fn still_aside(&mut self, id: &JobId) -> bool {
+        let Some((print, _, _)) = self.state.aside.get(id) else {
+            return false;
+        };
+        let print = *print;
+        if print == self.federation_print() {
+            return true;
+        }
+        self.state.aside.remove(id);
+        false
+    }
+
+    /// The job waits: why, and when to try it again even if nothing changes.
+    fn record_wait(&mut self, now: Millis, id: &JobId, wait: &placement::Wait) {
         let Some(job) = self.state.jobs.get_mut(id) else {
             return;
         };
@@ -393,7 +484,6 @@ impl<J: Journal> Reactor<J> {
         job.waited_on = crate::model::WaitLabel(Some(crate::observe::wait_label(wait)));
         // A waiting job keeps only why it waits: its candidates are worked out again when it is explained (see
         // `Reactor::explain`), so a deep queue costs little memory.
-        drop(decision);
         job.decision = None;
     }
 
@@ -421,6 +511,7 @@ impl<J: Journal> Reactor<J> {
                     && !matches!(c.reject, Some(placement::Reject::Busy { .. }))
             })
             .count();
+        self.state.aside.remove(id);
         let Some(job) = self.state.jobs.get_mut(id) else {
             return;
         };

@@ -86,6 +86,10 @@ pub struct State {
         BTreeMap<(TenantId, meridian_federation::ServiceName), meridian_federation::ServiceSpec>,
     /// Counts changes to `tokens` (not durable): the shell refreshes its table when it moves.
     pub(crate) tokens_generation: u64,
+    /// Waiting jobs no pool can run, set aside with the federation's print, their wait and its words (soft
+    /// state: see
+    /// `reactor::aside`).
+    pub(crate) aside: HashMap<JobId, (u64, crate::placement::Wait, String)>,
 }
 
 impl State {

@@ -234,6 +234,23 @@ fn a_job_no_pool_can_run_preempts_nothing_for_its_quota() {
     assert_eq!(count(&env, "team-a", JobPhase::Running), 8);
 }
 
+/// A lender's waiting job that no pool can run does not keep its quota from the cohort: team B's job asks for a
+/// model nobody has, and team A still borrows B's idle quota. (Before, A waited "for quota" as long as B's job
+/// waited — for ever — and a simulation with such a job never ended.)
+#[test]
+fn a_waiting_job_no_pool_can_run_keeps_no_quota_from_borrowers() {
+    let mut env = TestEnv::new(trio());
+    env.set_tenancy(COHORT);
+    let mut never = tenant_job("team-b", "never");
+    never.resources.models = vec![ModelName::from("Z999")];
+    let never = env.submit(never);
+    assert!(env.reactor.state().jobs[&never].unsatisfiable);
+    borrow_the_cohorts_quota(&mut env);
+    assert_eq!(count(&env, "team-a", JobPhase::Running), 16);
+    let job = &env.reactor.state().jobs[&never];
+    assert!(job.why.starts_with("no site fits"), "{}", job.why);
+}
+
 #[test]
 fn borrowing_stops_at_the_borrowing_limit_and_unknown_queues_are_refused() {
     let t = COHORT.replace(
