@@ -321,17 +321,7 @@ impl<J: Journal> Reactor<J> {
     ) -> Option<placement::Decision> {
         let capped = self.capped_pools(self.state.jobs.get(id)?, quota);
         let job = self.state.jobs.get(id)?;
-        let refused: Vec<SiteId> = job.refused_sites(now).cloned().collect();
-        let request = Request {
-            spec: &job.spec,
-            waited_ms: now.saturating_sub(job.waiting_since_ms),
-            refused: &refused,
-            capped: &capped,
-            baseline: self.baseline,
-            spent: self.spent(&job.spec),
-            queue_policy: self.queue_policy(&job.spec),
-        };
-        let mut decision = placement::place(self.view(), request, now);
+        let mut decision = self.placement_now(job, now, &capped);
         // Budget: expected spend at the chosen placement.
         if let (Outcome::Place(choice), Some(t)) = (&decision.outcome, &self.tenancy) {
             if let Some(b) = t.budgets.get(&job.spec.tenant) {
@@ -374,17 +364,7 @@ impl<J: Journal> Reactor<J> {
     ) -> Option<placement::Wait> {
         let capped = self.capped_pools(self.state.jobs.get(id)?, quota);
         let job = self.state.jobs.get(id)?;
-        let refused: Vec<SiteId> = job.refused_sites(now).cloned().collect();
-        let request = Request {
-            spec: &job.spec,
-            waited_ms: now.saturating_sub(job.waiting_since_ms),
-            refused: &refused,
-            capped: &capped,
-            baseline: self.baseline,
-            spent: self.spent(&job.spec),
-            queue_policy: self.queue_policy(&job.spec),
-        };
-        match placement::place(self.view(), request, now).outcome {
+        match self.placement_now(job, now, &capped).outcome {
             Outcome::Wait(w @ placement::Wait::NoSiteFits { .. }) => Some(w),
             _ => None,
         }
@@ -397,19 +377,29 @@ impl<J: Journal> Reactor<J> {
         if job.phase != JobPhase::Pending {
             return Some(crate::views::explain_view(job));
         }
-        let refused: Vec<SiteId> = job.refused_sites(now).cloned().collect();
         let capped = self.capped_pools(job, &mut None);
+        let decision = self.placement_now(job, now, &capped);
+        Some(crate::views::explain_with(job, Some(&decision)))
+    }
+
+    /// Placement's decision for a waiting job now: its own refusals and the pools its quota caps left out.
+    fn placement_now(
+        &self,
+        job: &crate::model::Job,
+        now: Millis,
+        capped: &[(SiteId, meridian_federation::PoolName)],
+    ) -> placement::Decision {
+        let refused: Vec<SiteId> = job.refused_sites(now).cloned().collect();
         let request = Request {
             spec: &job.spec,
             waited_ms: now.saturating_sub(job.waiting_since_ms),
             refused: &refused,
-            capped: &capped,
+            capped,
             baseline: self.baseline,
             spent: self.spent(&job.spec),
             queue_policy: self.queue_policy(&job.spec),
         };
-        let decision = placement::place(self.view(), request, now);
-        Some(crate::views::explain_with(job, Some(&decision)))
+        placement::place(self.view(), request, now)
     }
 
     /// What placement reads of the state.
