@@ -264,9 +264,14 @@ impl SlurmCluster {
 /// under `d/db`) and `slurmdbd`, with the cluster, an account and root's association registered.
 fn accounting(d: &Path, munge: &Path, dbd_port: u16, conf: &Path) -> Vec<Managed> {
     let db = d.join("db");
+    // A temporary folder of this cluster's own: two clusters' servers sharing /tmp collide on the names of
+    // their temporary tables ("Could not remove temporary table '/tmp/#sql-temptable-…'").
+    let tmp = db.join("tmp");
+    std::fs::create_dir_all(&tmp).expect("the database's temporary folder");
     let installed = Command::new("mariadb-install-db")
         .args(["--no-defaults", "--user=root", "--skip-test-db"])
         .arg(format!("--datadir={}", db.join("data").display()))
+        .arg(format!("--tmpdir={}", tmp.display()))
         .arg("--auth-root-authentication-method=normal")
         .output()
         .expect("mariadb-install-db");
@@ -298,6 +303,7 @@ fn accounting(d: &Path, munge: &Path, dbd_port: u16, conf: &Path) -> Vec<Managed
             ])
             .arg(format!("--port={db_port}"))
             .arg(format!("--datadir={}", db.join("data").display()))
+            .arg(format!("--tmpdir={}", tmp.display()))
             .arg(format!("--socket={}", db.join("mysqld.sock").display()))
             .arg(format!("--pid-file={}", db.join("mysqld.pid").display()))
             .arg(format!("--init-file={}", init.display()))
