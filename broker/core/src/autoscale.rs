@@ -958,7 +958,9 @@ impl Scaler {
             let from = present.get(key).map_or(0, |p| p.total());
             let to = want.replicas.get(key).copied().unwrap_or(0);
             let to = if to < from {
-                (to + kept.get(key).copied().unwrap_or(0)).min(from)
+                (to + kept.get(key).copied().unwrap_or(0))
+                    .max(self.wanted_within(now, key, s.up_delay_ms))
+                    .min(from)
             } else {
                 to
             };
@@ -979,6 +981,19 @@ impl Scaler {
             });
         }
         (want, changes)
+    }
+
+    /// The most replicas the plan wanted of `key` at any step of the last `delay`: a pool's count falls only to
+    /// that, so a fall must hold as long as a rise must (a one-minute dip at one location, while another's
+    /// demand keeps the service's total up, stops no replica that the next minute would start again).
+    fn wanted_within(&self, now: Millis, key: &ReplicaKey, delay: u64) -> u32 {
+        let from = now.saturating_sub(delay);
+        self.wanted
+            .iter()
+            .filter(|(t, _, _)| *t >= from)
+            .map(|(_, _, w)| w.get(key).copied().unwrap_or(0))
+            .max()
+            .unwrap_or(0)
     }
 
     /// Replicas kept beyond the plan, per key, because demand fell less than a scale-down delay ago: the plan's
@@ -1611,6 +1626,50 @@ mod tests {
         }
         assert!(west_seen.is_some());
         assert_eq!(west, 0, "given up in the end");
+    }
+
+    #[test]
+    fn a_one_minute_dip_stops_no_replica_the_next_minute_would_restart() {
+        // New York is served only from the east, Frankfurt only from the west. At minute 20 New York's demand dips
+        // for one minute while Frankfurt's rises, so the service's total plan does not fall: only the east's does.
+        let offers = vec![
+            offer("east", Tier::Owned, -75.0, 1.0, 10.0, 100),
+            offer("west", Tier::Owned, 10.0, 2.0, 10.0, 100),
+        ];
+        let s = Settings {
+            window_ms: 60_000,
+            ..settings(Objective::Cost)
+        };
+        let rtt = RttTable::default();
+        let mut scaler = Scaler::default();
+        let (mut east, mut west) = (0u32, 0u32);
+        let mut east_counts = Vec::new();
+        for m in 0..30u64 {
+            let ny = if m == 20 { 20.0 } else { 50.0 };
+            let fra = if m < 19 { 20.0 } else { 50.0 };
+            let now = present(&[(&offers[0], east, 0), (&offers[1], west, 0)]);
+            let (_, changes) = scaler.step(
+                m * 60_000,
+                &offers,
+                &[at("new-york", -74.0, ny), at("frankfurt", 9.0, fra)],
+                &now,
+                &rtt,
+                &s,
+            );
+            for c in &changes {
+                if c.key == offers[0].key {
+                    east = c.to;
+                } else if c.key == offers[1].key {
+                    west = c.to;
+                }
+            }
+            east_counts.push(east);
+        }
+        assert_eq!(west, 5, "Frankfurt's rise is followed");
+        assert!(
+            east_counts[1..].iter().all(|c| *c == 5),
+            "the east stopped replicas for a one-minute dip: {east_counts:?}"
+        );
     }
 
     #[test]
