@@ -330,9 +330,64 @@ fn a_job_runs_for_real_and_reports_its_exit_code() {
         "{logs:?}"
     );
 
-    let failing = f.submit(&job("failing", 1, "exit 3"));
+    // A one-line job with no spec file: the command after `--`, quoted for the shell as it was typed.
+    let submitted = f.cli(&[
+        "submit",
+        "--tenant",
+        "e2e",
+        "--gpus",
+        "A100:1",
+        "--name",
+        "failing",
+        "--",
+        "sh",
+        "-c",
+        "echo 'it is done'; exit 3",
+    ]);
+    let said = String::from_utf8_lossy(&submitted.stdout).to_string();
+    assert!(submitted.status.success(), "{submitted:?}");
+    assert!(said.trim_end().ends_with(" submitted"), "{said}");
+    let failing = said.split_whitespace().next().unwrap().to_owned();
     let failed = f.wait_phase(&failing, "failed", LONG);
     assert_eq!(failed["exit_code"], 3, "{failed}");
+    let logs = f.cli(&["logs", &failing]);
+    assert!(
+        String::from_utf8_lossy(&logs.stdout).contains("it is done"),
+        "{logs:?}"
+    );
+    // `show`: one job, a field a line, times in UTC.
+    let shown = f.cli(&["show", &failing]);
+    let shown = String::from_utf8_lossy(&shown.stdout).to_string();
+    for line in ["state      failed", "exit code  3", "site       solo pool "] {
+        assert!(shown.contains(line), "{line:?} in\n{shown}");
+    }
+    assert!(
+        shown
+            .lines()
+            .any(|l| l.starts_with("finished   20") && l.ends_with('Z')),
+        "{shown}"
+    );
+    // A model no site has: accepted, and said at once that no site can run it.
+    let nowhere = f.cli(&[
+        "submit", "--tenant", "e2e", "--gpus", "H100:1", "--", "true",
+    ]);
+    let nowhere = String::from_utf8_lossy(&nowhere.stdout).to_string();
+    assert!(
+        nowhere.contains("accepted, but no site can run it now"),
+        "{nowhere}"
+    );
+    // `jobs --since`: a window of submission times.
+    let listed = |since: &str| {
+        let out = f.cli(&["--output", "json", "jobs", "--since", since]);
+        let jobs: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        jobs.as_array()
+            .unwrap()
+            .iter()
+            .map(|j| j["job"].as_str().unwrap().to_owned())
+            .collect::<Vec<_>>()
+    };
+    assert!(listed("1h").contains(&failing));
+    assert!(listed("2999-01-01").is_empty());
 }
 
 /// (i) nats-server restarts mid-run: agents and broker reconnect and the run completes.

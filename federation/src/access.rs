@@ -9,10 +9,13 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// Where NATS is and who this process is.
+/// Where NATS is and who this process is. In help, under its own "Connection" heading.
 #[derive(Clone, Debug, clap::Args)]
+#[command(next_help_heading = "Connection")]
 pub struct Access {
-    /// NATS server URL(s), comma-separated (a client fails over between them).
+    /// NATS server URL(s), comma-separated.
+    ///
+    /// A client fails over between them.
     #[arg(
         long,
         global = true,
@@ -20,11 +23,15 @@ pub struct Access {
         default_value = "nats://127.0.0.1:4222"
     )]
     pub nats: String,
-    /// CA certificate (PEM) that signs the NATS servers' certificates. TLS is required when it is given.
+    /// The CA certificate (PEM) of the NATS servers.
+    ///
+    /// TLS is required when it is given.
     #[arg(long, global = true, env = "MERIDIAN_CA")]
     pub ca: Option<PathBuf>,
-    /// This process's NATS identity: an NKey seed file `<name>.nk` from `meridian creds`. Its client
-    /// certificate `<name>.crt` and key `<name>.key`, when beside it, are presented to the server.
+    /// This process's NATS identity (an NKey seed file from `meridian creds`).
+    ///
+    /// The seed file is `<name>.nk`; its client certificate `<name>.crt` and key `<name>.key`, when beside it,
+    /// are presented to the server.
     #[arg(long, global = true, env = "MERIDIAN_CREDS")]
     pub creds: Option<PathBuf>,
 }

@@ -13,8 +13,16 @@ use std::path::PathBuf;
 pub struct ConnectArgs {
     #[command(flatten)]
     pub access: meridian_federation::access::Access,
-    /// The API token (`meridian token create`; `meridian up` prints an administrator's).
-    #[arg(long, global = true, env = "MERIDIAN_TOKEN", hide_env_values = true)]
+    /// The API token.
+    ///
+    /// Made by `meridian token create`; `meridian up` prints an administrator's.
+    #[arg(
+        long,
+        global = true,
+        env = "MERIDIAN_TOKEN",
+        hide_env_values = true,
+        help_heading = "Connection"
+    )]
     pub token: Option<String>,
 }
 
@@ -92,8 +100,9 @@ fn parse_rate(s: &str) -> Result<meridian_federation::LocationRate, String> {
 
 #[derive(Subcommand, Debug)]
 pub enum ClientCmd {
-    /// Submit a job spec (TOML or JSON).
-    Submit { file: PathBuf },
+    /// Submit a job: from its spec file (TOML or JSON), or in one line with no file
+    /// (`meridian submit --tenant research --gpus A100:4 -- python train.py`).
+    Submit(SubmitArgs),
     /// List jobs: every one by default (live, then archived), page by page.
     Jobs {
         /// At most this many.
@@ -109,7 +118,17 @@ pub enum ClientCmd {
         /// Only live jobs (not the archive).
         #[arg(long)]
         live: bool,
+        /// Submitted at or after this instant (UTC: `2026-12-04`, `2026-12-04T20:00Z`) or this long ago
+        /// (`90s`, `30m`, `1h`, `2d`).
+        #[arg(long, value_parser = parse_since)]
+        since: Option<u64>,
+        /// Submitted before this instant or this long ago (as `--since`).
+        #[arg(long, value_parser = parse_since)]
+        until: Option<u64>,
     },
+    /// One job, a field a line: its state and why, site and pool, times (UTC), exit code, and its estimated
+    /// and metered cost, energy and carbon.
+    Show { job: JobId },
     /// List sites.
     Sites,
     /// Explain where a job is placed, or why it waits.
@@ -218,6 +237,126 @@ pub enum TokenCmd {
     Revoke { id: String },
 }
 
+/// `meridian submit`: a spec file, or a one-line job built from the flags and the command after `--`.
+#[derive(Args, Debug)]
+pub struct SubmitArgs {
+    /// The job spec (TOML or JSON; see configs/jobs/). Not with a command after `--`.
+    #[arg(required_unless_present = "command", conflicts_with = "command")]
+    pub file: Option<PathBuf>,
+    /// The tenant the one-line job is for.
+    #[arg(long, env = "MERIDIAN_TENANT")]
+    pub tenant: Option<TenantId>,
+    /// Devices per replica: `4`, or `MODEL:4` for one model (`A100:4`).
+    #[arg(long, value_parser = parse_gpus, default_value = "1", conflicts_with = "file")]
+    pub gpus: Gpus,
+    /// The queue (its tenant's only queue when absent).
+    #[arg(long, conflicts_with = "file")]
+    pub queue: Option<meridian_federation::QueueName>,
+    /// training, fine-tune, batch or inference.
+    #[arg(long, default_value = "batch", conflicts_with = "file")]
+    pub kind: String,
+    /// A name to know the job by.
+    #[arg(long, conflicts_with = "file")]
+    pub name: Option<String>,
+    /// The placement policy: latency, cost, green or balanced.
+    #[arg(long, conflicts_with = "file")]
+    pub policy: Option<String>,
+    /// The expected run time (`90s`, `30m`, `2h`), for placement's cost and carbon estimates.
+    #[arg(long, value_parser = parse_duration_s, conflicts_with = "file")]
+    pub duration: Option<u64>,
+    /// Submitting the same key again returns the first job (made up when absent).
+    #[arg(long, conflicts_with = "file")]
+    pub key: Option<String>,
+    /// The command to run, after `--`.
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
+}
+
+/// Devices per replica, of one model or of any.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Gpus {
+    pub model: Option<String>,
+    pub count: u32,
+}
+
+/// `4` or `MODEL:4`.
+fn parse_gpus(s: &str) -> Result<Gpus, String> {
+    let (model, n) = match s.rsplit_once(':') {
+        Some((m, n)) if !m.trim().is_empty() => (Some(m.trim().to_owned()), n),
+        Some(_) => {
+            return Err(format!(
+                "{s:?}: the model before ':' is empty; expected 4 or MODEL:4 (A100:4)"
+            ))
+        }
+        None => (None, s),
+    };
+    match n.trim().parse::<u32>() {
+        Ok(count) if count > 0 => Ok(Gpus { model, count }),
+        _ => Err(format!(
+            "{s:?}: expected a device count of 1 or more, as 4 or MODEL:4 (A100:4)"
+        )),
+    }
+}
+
+/// `90s`, `30m`, `2h`, `1d`, or plain seconds.
+fn parse_duration_s(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    s.parse::<u64>()
+        .ok()
+        .or_else(|| span_ms(s).map(|ms| ms / 1000))
+        .ok_or_else(|| format!("{s:?}: expected a duration such as 90s, 30m, 2h or 1d"))
+}
+
+/// A command line as one shell string: each argument quoted where the shell would split or expand it.
+fn shell_line(args: &[String]) -> String {
+    let quote = |a: &String| {
+        let plain = !a.is_empty()
+            && a.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c));
+        match plain {
+            true => a.clone(),
+            false => format!("'{}'", a.replace('\'', r"'\''")),
+        }
+    };
+    args.iter().map(quote).collect::<Vec<_>>().join(" ")
+}
+
+/// The spec of a one-line job, as the JSON a spec file would hold (the broker validates it as any other).
+fn one_line_spec(a: &SubmitArgs, now_ms: u64) -> anyhow::Result<Vec<u8>> {
+    let tenant = a.tenant.as_ref().ok_or_else(|| {
+        anyhow::anyhow!(
+            "a job with no spec file needs its tenant: give --tenant NAME or set MERIDIAN_TENANT"
+        )
+    })?;
+    let key = match &a.key {
+        Some(k) => k.clone(),
+        None => format!("cli-{now_ms}-{}", std::process::id()),
+    };
+    let mut resources = serde_json::json!({ "kind": "gpu", "count": a.gpus.count });
+    if let Some(m) = &a.gpus.model {
+        resources["models"] = serde_json::json!([m]);
+    }
+    let mut spec = serde_json::json!({
+        "tenant": tenant,
+        "idempotency_key": key,
+        "kind": a.kind,
+        "resources": resources,
+        "run": { "command": shell_line(&a.command) },
+    });
+    let optional = [
+        ("queue", a.queue.as_ref().map(|q| serde_json::json!(q))),
+        ("name", a.name.as_ref().map(|n| serde_json::json!(n))),
+        ("policy", a.policy.as_ref().map(|p| serde_json::json!(p))),
+        ("duration_s", a.duration.map(|d| serde_json::json!(d))),
+    ];
+    for (k, v) in optional {
+        if let Some(v) = v {
+            spec[k] = v;
+        }
+    }
+    Ok(serde_json::to_vec(&spec)?)
+}
+
 fn parse_phase(s: &str) -> Result<JobPhase, String> {
     serde_json::from_value(serde_json::Value::String(s.to_owned())).map_err(|_| {
         format!("{s:?} is not a job state: pending, offered, running, cancelling, succeeded, failed or cancelled")
@@ -227,12 +366,18 @@ fn parse_phase(s: &str) -> Result<JobPhase, String> {
 pub async fn run(cmd: ClientCmd, connect: &ConnectArgs, out: Output) -> anyhow::Result<bool> {
     let client = Client::connect(&connect.access, connect.token.clone()).await?;
     match cmd {
-        ClientCmd::Submit { file } => {
-            let body = read_job_file(&file)?;
+        ClientCmd::Submit(args) => {
+            let (body, what) = match &args.file {
+                Some(file) => (read_job_file(file)?, file.display().to_string()),
+                None => (
+                    one_line_spec(&args, crate::service::now_ms())?,
+                    "the job".to_owned(),
+                ),
+            };
             let r = client
                 .submit_raw(body)
                 .await
-                .with_context(|| format!("submitting {}", file.display()))?;
+                .with_context(|| format!("submitting {what}"))?;
             // Said at once when no site of the federation can run it as it stands (model, memory, count…).
             let cannot = match client.job(&r.job).await {
                 Ok(v) if v.unsatisfiable => Some(v.why),
@@ -253,16 +398,24 @@ pub async fn run(cmd: ClientCmd, connect: &ConnectArgs, out: Output) -> anyhow::
             state,
             site,
             live,
+            since,
+            until,
         } => {
             let req = meridian_federation::JobListRequest {
                 tenant,
                 state,
                 site,
+                from_ms: since,
+                to_ms: until,
                 scope: if live { JobScope::Live } else { JobScope::All },
                 ..Default::default()
             };
             let jobs = client.jobs_matching(req, limit).await?;
             print(out, &jobs, |j| render::jobs(j))
+        }
+        ClientCmd::Show { job } => {
+            let j = client.job(&job).await?;
+            print(out, &j, render::job)
         }
         ClientCmd::Sites => {
             let sites = client.sites().await?;
@@ -446,6 +599,19 @@ pub async fn run(cmd: ClientCmd, connect: &ConnectArgs, out: Output) -> anyhow::
     }
 }
 
+/// The tenant of a service: the one given, else the one whose service of that name the token reads (as
+/// `service show` finds it), so that no service command needs `--tenant` where `show` does not.
+async fn service_tenant(
+    client: &Client,
+    tenant: Option<TenantId>,
+    name: &meridian_federation::ServiceName,
+) -> anyhow::Result<TenantId> {
+    match tenant {
+        Some(t) => Ok(t),
+        None => Ok(client.service(None, name).await?.spec.tenant),
+    }
+}
+
 async fn service_cmd(client: &Client, cmd: ServiceCmd, out: Output) -> anyhow::Result<bool> {
     match cmd {
         ServiceCmd::Deploy { file } => {
@@ -475,7 +641,8 @@ async fn service_cmd(client: &Client, cmd: ServiceCmd, out: Output) -> anyhow::R
             print(out, &v, render::service)
         }
         ServiceCmd::Delete { name, tenant } => {
-            let r = client.delete_service(tenant.as_ref(), &name).await?;
+            let tenant = service_tenant(client, tenant, &name).await?;
+            let r = client.delete_service(Some(&tenant), &name).await?;
             print(out, &r, |r| {
                 outln!(
                     "service {name} deleted; {} replicas stopping",
@@ -486,7 +653,7 @@ async fn service_cmd(client: &Client, cmd: ServiceCmd, out: Output) -> anyhow::R
         ServiceCmd::Demand { name, at, tenant } => {
             let report = meridian_federation::DemandReport {
                 v: meridian_federation::WIRE_VERSION,
-                tenant,
+                tenant: Some(service_tenant(client, tenant, &name).await?),
                 service: name.clone(),
                 locations: at,
             };
@@ -494,7 +661,8 @@ async fn service_cmd(client: &Client, cmd: ServiceCmd, out: Output) -> anyhow::R
             print(out, &r, |_| outln!("demand of service {name} reported"))
         }
         ServiceCmd::Routes { name, tenant } => {
-            let v = client.service_routes(tenant.as_ref(), &name).await?;
+            let tenant = service_tenant(client, tenant, &name).await?;
+            let v = client.service_routes(Some(&tenant), &name).await?;
             print(out, &v, |v| {
                 for l in &v.locations {
                     let routes: Vec<String> = l
@@ -533,6 +701,20 @@ fn parse_since(s: &str) -> Result<u64, String> {
     since_at(s, crate::service::now_ms())
 }
 
+/// A span as `90s`, `30m`, `1h` or `2d`, in milliseconds.
+fn span_ms(s: &str) -> Option<u64> {
+    let unit = s.chars().last()?;
+    let ms: u64 = match unit {
+        's' => 1_000,
+        'm' => 60_000,
+        'h' => 3_600_000,
+        'd' => 86_400_000,
+        _ => return None,
+    };
+    let n = s[..s.len() - unit.len_utf8()].parse::<u64>().ok()?;
+    Some(n.saturating_mul(ms))
+}
+
 fn since_at(s: &str, now_ms: u64) -> Result<u64, String> {
     let s = s.trim();
     let bad = || {
@@ -541,18 +723,8 @@ fn since_at(s: &str, now_ms: u64) -> Result<u64, String> {
              before now (90s, 30m, 1h, 2d)"
         )
     };
-    let unit = s.chars().last().ok_or_else(bad)?;
-    let ms = match unit {
-        's' => Some(1_000),
-        'm' => Some(60_000),
-        'h' => Some(3_600_000),
-        'd' => Some(86_400_000),
-        _ => None,
-    };
-    if let Some(ms) = ms {
-        if let Ok(n) = s[..s.len() - 1].parse::<u64>() {
-            return Ok(now_ms.saturating_sub(n.saturating_mul(ms)));
-        }
+    if let Some(span) = span_ms(s) {
+        return Ok(now_ms.saturating_sub(span));
     }
     let t = s.strip_suffix('Z').unwrap_or(s);
     let (date, time) = t.split_once('T').unwrap_or((t, "00:00"));
@@ -582,5 +754,79 @@ mod since_tests {
             .unwrap_err()
             .contains("expected an instant"));
         assert!(since_at("", now).is_err());
+    }
+}
+
+#[cfg(test)]
+mod submit_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        submit: SubmitArgs,
+    }
+
+    fn args(line: &[&str]) -> Result<SubmitArgs, clap::Error> {
+        Cli::try_parse_from(std::iter::once("submit").chain(line.iter().copied())).map(|c| c.submit)
+    }
+
+    #[test]
+    fn a_one_line_job_is_the_spec_a_file_would_hold() {
+        let a = args(&[
+            "--tenant",
+            "research",
+            "--gpus",
+            "A100:4",
+            "--duration",
+            "2h",
+            "--",
+            "python",
+            "train.py",
+            "--lr",
+            "3e-4 warm",
+        ])
+        .unwrap();
+        let body = one_line_spec(&a, 1_796_400_000_000).unwrap();
+        let spec: meridian_federation::JobSpec = meridian_federation::codec::decode(&body).unwrap();
+        assert_eq!(spec.tenant.as_str(), "research");
+        assert_eq!(spec.resources.count, 4);
+        assert_eq!(spec.resources.models.len(), 1);
+        assert_eq!(spec.resources.models[0].as_str(), "A100");
+        assert_eq!(spec.duration_s, Some(7_200));
+        assert_eq!(spec.kind, meridian_federation::JobKind::Batch);
+        assert_eq!(spec.run.command, "python train.py --lr '3e-4 warm'");
+        // A key is made up, so the same line twice is two jobs unless --key says otherwise.
+        assert!(spec.idempotency_key.starts_with("cli-1796400000000-"));
+    }
+
+    #[test]
+    fn a_one_line_job_says_what_is_missing_or_wrong() {
+        let a = args(&["--gpus", "2", "--", "true"]).unwrap();
+        if std::env::var_os("MERIDIAN_TENANT").is_none() {
+            let e = one_line_spec(&a, 0).unwrap_err().to_string();
+            assert!(e.contains("--tenant"), "{e}");
+        }
+        for bad in ["0", "A100:x", ":4", "four"] {
+            let e = args(&["--tenant", "t", "--gpus", bad, "--", "true"])
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(e.contains("MODEL:4"), "{bad}: {e}");
+        }
+        // Neither a file nor a command; both.
+        assert!(args(&["--tenant", "t"]).is_err());
+        assert!(args(&["job.toml", "--", "true"]).is_err());
+        assert!(args(&["job.toml"]).unwrap().command.is_empty());
+        // A one-line job's flags with a spec file would be ignored: refused instead.
+        assert!(args(&["job.toml", "--gpus", "4"]).is_err());
+    }
+
+    #[test]
+    fn a_command_line_is_quoted_where_the_shell_would_split_it() {
+        let line = shell_line(&["echo".into(), "it's".into(), "$HOME".into(), "a=b".into()]);
+        assert_eq!(line, r#"echo 'it'\''s' '$HOME' a=b"#);
     }
 }

@@ -49,7 +49,7 @@ pub struct Cli {
     #[command(flatten)]
     pub connect: client::ConnectArgs,
     /// Output format of client commands.
-    #[arg(long, global = true, value_enum, default_value_t = Output::Table)]
+    #[arg(long, global = true, value_enum, default_value_t = Output::Table, help_heading = "Output")]
     pub output: Output,
     #[command(subcommand)]
     pub command: Cmd,

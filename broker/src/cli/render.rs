@@ -44,6 +44,77 @@ pub fn jobs(jobs: &[JobView]) {
     }
 }
 
+/// One job, a field a line (`meridian show`).
+pub fn job(j: &JobView) {
+    for (k, v) in job_fields(j) {
+        outln!("{k:<10} {v}");
+    }
+}
+
+/// The lines of [`job`]: what a person asks of one job first, then times, then money and carbon.
+fn job_fields(j: &JobView) -> Vec<(&'static str, String)> {
+    let money = |a: &meridian_federation::Amounts| {
+        format!(
+            "${:.2}, {:.3} kWh, {:.3} kgCO2e",
+            a.cost_micro_usd as f64 / 1e6,
+            a.energy_wh as f64 / 1e3,
+            a.co2_g as f64 / 1e3
+        )
+    };
+    let mut f = vec![
+        ("job", j.job.to_string()),
+        ("name", j.name.clone().unwrap_or_else(|| "-".to_owned())),
+        (
+            "tenant",
+            match &j.queue {
+                Some(q) => format!("{} (queue {q})", j.tenant),
+                None => j.tenant.to_string(),
+            },
+        ),
+        ("kind", j.kind.as_str().to_owned()),
+        (
+            "state",
+            match (j.archived, &j.wait_reason) {
+                (true, _) => format!("{} (archived)", j.phase.as_str()),
+                (false, Some(w)) => format!("{} ({w})", j.phase.as_str()),
+                (false, None) => j.phase.as_str().to_owned(),
+            },
+        ),
+        ("why", j.why.clone()),
+    ];
+    if let Some(site) = &j.site {
+        let pool = j
+            .pool
+            .as_ref()
+            .map_or(String::new(), |p| format!(" pool {p}"));
+        f.push(("site", format!("{site}{pool}, attempt {}", j.attempt)));
+    }
+    f.push(("submitted", iso(j.submitted_at_ms)));
+    if let Some(t) = j.started_at_ms {
+        f.push(("started", iso(t)));
+    }
+    if let Some(t) = j.finished_at_ms {
+        f.push(("finished", iso(t)));
+    }
+    if j.runtime_ms > 0 {
+        f.push(("ran", format!("{:.1} s", j.runtime_ms as f64 / 1000.0)));
+    }
+    if let Some(c) = j.exit_code {
+        f.push(("exit code", c.to_string()));
+    }
+    if let Some(rtt) = j.user_rtt_ms {
+        f.push(("users", format!("{rtt:.1} ms round trip (mean)")));
+    }
+    if let Some(e) = &j.estimate {
+        f.push(("estimate", format!("{} (for the expected run)", money(e))));
+    }
+    f.push(("metered", money(&j.metered)));
+    if let Some(c) = &j.checkpoint {
+        f.push(("checkpoint", c.clone()));
+    }
+    f
+}
+
 pub fn sites(sites: &[SiteView]) {
     outln!(
         "{:<18} {:<8} {:<5} {:<6} {:>5} {:>6}  POOLS (free/total)",
@@ -494,5 +565,35 @@ fn service_health(s: &meridian_federation::ServiceView) {
             b.last_reason,
             iso(b.next_start_ms)
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn one_job_reads_a_field_a_line_with_utc_times_and_both_amounts() {
+        let j: JobView = serde_json::from_value(serde_json::json!({
+            "job": "j-000042", "tenant": "research", "queue": "research", "name": "train", "kind": "training",
+            "phase": "failed", "attempt": 2, "site": "dc-oregon", "pool": "h100", "why": "exit code 3",
+            "submitted_at_ms": 1_796_400_000_000u64, "started_at_ms": 1_796_400_005_000u64,
+            "finished_at_ms": 1_796_400_065_000u64, "exit_code": 3,
+            "estimate": { "cost_micro_usd": 4_000_000, "energy_wh": 1_500, "co2_g": 300 },
+            "user_rtt_ms": null,
+            "metered": { "cost_micro_usd": 66_000, "energy_wh": 25, "co2_g": 5 },
+            "runtime_ms": 60_000, "checkpoint": null
+        }))
+        .unwrap();
+        let f: std::collections::BTreeMap<_, _> = job_fields(&j).into_iter().collect();
+        assert_eq!(f["state"], "failed");
+        assert_eq!(f["site"], "dc-oregon pool h100, attempt 2");
+        assert_eq!(f["submitted"], "2026-12-04T16:00:00Z");
+        assert_eq!(f["finished"], "2026-12-04T16:01:05Z");
+        assert_eq!(f["exit code"], "3");
+        assert_eq!(f["metered"], "$0.07, 0.025 kWh, 0.005 kgCO2e");
+        assert!(f["estimate"].starts_with("$4.00, 1.500 kWh, 0.300 kgCO2e"));
+        assert!(!f.contains_key("users"));
     }
 }
