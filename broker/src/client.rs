@@ -397,7 +397,7 @@ mod tests {
 
     use super::*;
 
-    /// A TOML job file states the money-and-carbon policies as the README shows them.
+    /// A TOML job file states the money-and-carbon policies as docs/jobs.md shows them.
     #[test]
     fn toml_job_files_take_the_carbon_policies() {
         let dir = tempfile::tempdir().unwrap();

@@ -40,7 +40,7 @@ pub enum JournalAction {
 
 #[derive(Subcommand, Debug)]
 pub enum ServiceCmd {
-    /// Deploy a service, or replace its spec (TOML or JSON; see the README's Serving).
+    /// Deploy a service, or replace its spec (TOML or JSON; see docs/serving.md).
     Deploy { file: PathBuf },
     /// The services the token reads.
     List {

@@ -87,8 +87,9 @@ pub struct LocalOptions {
     /// Extra arguments for every agent.
     #[arg(skip)]
     pub agent_args: Vec<String>,
-    /// Where logs and state go (a temporary folder when `None`).
-    #[arg(skip)]
+    /// Keep the federation's logs, credentials and state in this folder after it stops (a new or empty
+    /// folder: a federation is not resumed from one). Without it they go in a temporary folder, removed at exit.
+    #[arg(long = "state-dir", value_name = "DIR")]
     pub dir: Option<PathBuf>,
     /// `cluster`: three clustered nats-servers (JetStream replicas 3), edge sites on leaf nodes, and a standby
     /// broker.
@@ -206,7 +207,7 @@ impl LocalFederation {
         let (fed, base) = FederationFile::load(file)?;
         let (tmp, dir) = match &opts.dir {
             Some(d) => {
-                std::fs::create_dir_all(d)?;
+                usable_state_dir(d)?;
                 (None, d.clone())
             }
             None => {
@@ -360,6 +361,11 @@ impl LocalFederation {
     /// The dashboard's sign-in address: the page takes the administrator's token from the address's fragment
     /// (never sent to the server), signs in with it and drops it from the address bar. With the export lines,
     /// the only places the token is printed.
+    /// Whether the federation's folder outlives it (`--state-dir`), or is a temporary one removed at exit.
+    pub fn keeps_dir(&self) -> bool {
+        self._tmp.is_none()
+    }
+
     pub fn dashboard_address(&self) -> String {
         match self.token() {
             Some(t) => format!("{}/#token={t}", self.http),
@@ -556,6 +562,22 @@ impl LocalFederation {
 
 /// One secured nats-server (TLS, identities, JetStream encrypted) with a broker identity, for tests of the
 /// broker's JetStream parts; returns it and the access of the broker's storage identity.
+/// A folder a federation's files may go in: made if absent; refused if it holds anything, since a federation
+/// started there would overwrite one that ran before rather than resume it.
+fn usable_state_dir(d: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(d)
+        .with_context(|| format!("making the state folder {}", d.display()))?;
+    let mut entries = std::fs::read_dir(d)
+        .with_context(|| format!("reading the state folder {}", d.display()))?;
+    if entries.next().is_some() {
+        anyhow::bail!(
+            "the state folder {} is not empty: a federation is not resumed from one; give a new folder",
+            d.display()
+        );
+    }
+    Ok(())
+}
+
 pub fn secured_nats(dir: &Path) -> anyhow::Result<(Nats, meridian_federation::access::Access)> {
     let mut reg =
         crate::creds::Registry::init(&dir.join("creds"), "test", &["127.0.0.1".to_owned()])?;
@@ -640,4 +662,22 @@ fn secure(
         creds: reg.dir().to_path_buf(),
         token,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::usable_state_dir;
+
+    #[test]
+    fn a_state_folder_is_made_or_taken_empty_and_refused_when_it_holds_a_federation() {
+        let t = tempfile::tempdir().unwrap();
+        let new = t.path().join("a/b");
+        usable_state_dir(&new).unwrap();
+        assert!(new.is_dir());
+        usable_state_dir(&new).unwrap();
+        std::fs::write(new.join("broker.log"), "").unwrap();
+        let e = usable_state_dir(&new).unwrap_err().to_string();
+        assert!(e.contains("not empty") && e.contains("new folder"), "{e}");
+    }
 }

@@ -70,7 +70,7 @@ pub struct SimOptions {
     /// Write an SVG chart of cost against kgCO2e per run.
     #[arg(long)]
     pub plot: Option<PathBuf>,
-    /// Write every attempt of every run as JSON lines (see the README's "Simulator schedule"); with --service,
+    /// Write every attempt of every run as JSON lines (see docs/simulator.md, "Simulator schedule"); with --service,
     /// every replica and route (see "Serving simulation").
     #[arg(long)]
     pub schedule: Option<PathBuf>,

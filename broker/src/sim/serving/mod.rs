@@ -341,7 +341,7 @@ pub fn table(r: &ServingReport) -> String {
     s
 }
 
-/// Writes the runs' replicas and routes as JSON lines (see the README's "Serving simulation schedule").
+/// Writes the runs' replicas and routes as JSON lines (see docs/serving.md, "Serving simulation").
 pub fn write_schedule(path: &Path, outcomes: &[(String, Outcome)]) -> anyhow::Result<()> {
     use std::io::Write;
     let file =
