@@ -379,8 +379,8 @@ fn job_ref(job: &JobId) -> JobRef {
 
 /// Reads a job spec from a TOML or JSON file (by extension; JSON when unsure). The `v` field may be omitted.
 pub fn read_job_file(path: &std::path::Path) -> anyhow::Result<Vec<u8>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text = std::fs::read_to_string(crate::local::resolve(path))
+        .with_context(|| format!("reading {}", path.display()))?;
     let is_toml = path.extension().is_some_and(|e| e == "toml");
     if is_toml {
         let value: toml::Value =

@@ -253,7 +253,7 @@ fn scene_jobs(now_ms: u64) -> anyhow::Result<Vec<(&'static str, JobSpec)>> {
 pub async fn run(opts: DemoOptions) -> anyhow::Result<bool> {
     let started = Instant::now();
     let fallback: WorkloadFile = toml::from_str(
-        &std::fs::read_to_string(&opts.workload)
+        &std::fs::read_to_string(crate::local::resolve(&opts.workload))
             .with_context(|| format!("reading {}", opts.workload.display()))?,
     )
     .map_err(|e| anyhow::anyhow!("{}: {e}", opts.workload.display()))?;

@@ -167,7 +167,16 @@ pub fn explain(e: &ExplainView) {
     }
     outln!("history:");
     for h in &e.history {
-        outln!("  {h}");
+        outln!("  {}", history_line(h));
+    }
+}
+
+/// A history line as the API gives it (`1796447289130 submitted`) with its time in UTC
+/// (`2026-12-05T05:08:09Z submitted`).
+fn history_line(h: &str) -> String {
+    match h.split_once(' ').map(|(t, rest)| (t.parse::<u64>(), rest)) {
+        Some((Ok(ms), rest)) => format!("{} {rest}", iso(ms)),
+        _ => h.to_owned(),
     }
 }
 
@@ -595,5 +604,14 @@ mod tests {
         assert_eq!(f["metered"], "$0.07, 0.025 kWh, 0.005 kgCO2e");
         assert!(f["estimate"].starts_with("$4.00, 1.500 kWh, 0.300 kgCO2e"));
         assert!(!f.contains_key("users"));
+    }
+
+    #[test]
+    fn explain_history_reads_in_utc() {
+        assert_eq!(
+            history_line("1796400000000 attempt 1 offered to dc-oregon"),
+            "2026-12-04T16:00:00Z attempt 1 offered to dc-oregon"
+        );
+        assert_eq!(history_line("no time here"), "no time here");
     }
 }

@@ -10,7 +10,7 @@ pub mod proxy;
 
 use anyhow::{bail, Context};
 pub use nats::{Nats, NatsServer};
-pub use process::{find_nats_server, sibling_binary, workspace_root, Managed};
+pub use process::{find_nats_server, resolve, sibling_binary, workspace_root, Managed};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -57,6 +57,7 @@ impl FederationFile {
     }
 
     pub fn load(path: &Path) -> anyhow::Result<(Self, PathBuf)> {
+        let path = &process::resolve(path);
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         let file = Self::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;

@@ -560,7 +560,7 @@ pub fn simulate(opts: &SimOptions) -> anyhow::Result<Simulated> {
         .trace
         .as_ref()
         .ok_or_else(|| anyhow::anyhow!("--trace FILE is required (or --service with --demand)"))?;
-    let text = std::fs::read_to_string(trace_path)
+    let text = std::fs::read_to_string(crate::local::resolve(trace_path))
         .with_context(|| format!("reading {}", trace_path.display()))?;
     let mut tr = trace::parse_alibaba(&text)
         .map_err(|e| anyhow::anyhow!("{}: {e}", trace_path.display()))?;
@@ -590,7 +590,7 @@ pub fn simulate(opts: &SimOptions) -> anyhow::Result<Simulated> {
     ));
     let tenancy = match &opts.tenancy {
         Some(path) => {
-            let text = std::fs::read_to_string(path)
+            let text = std::fs::read_to_string(crate::local::resolve(path))
                 .with_context(|| format!("reading {}", path.display()))?;
             let t = meridian_core::quota::Tenancy::from_toml(&text)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;

@@ -70,7 +70,8 @@ fn data_or(given: &Option<std::path::PathBuf>, rel: &str) -> anyhow::Result<std:
 }
 
 fn read(path: &Path) -> anyhow::Result<String> {
-    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+    std::fs::read_to_string(crate::local::resolve(path))
+        .with_context(|| format!("reading {}", path.display()))
 }
 
 /// Everything a serving simulation reads, loaded once.
