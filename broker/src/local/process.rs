@@ -100,30 +100,6 @@ fn resolve_in(path: &Path, root: &Path) -> PathBuf {
     }
 }
 
-#[cfg(test)]
-mod resolve_tests {
-    #![allow(clippy::unwrap_used)]
-    use super::resolve_in;
-    use std::path::Path;
-
-    #[test]
-    fn a_relative_file_not_in_the_working_folder_is_taken_from_the_checkout() {
-        let root = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(root.path().join("configs")).unwrap();
-        std::fs::write(root.path().join("configs/f.toml"), "").unwrap();
-        let rel = Path::new("configs/f.toml");
-        assert_eq!(resolve_in(rel, root.path()), root.path().join(rel));
-        // Not in the checkout either: left as given, so the error names what the user typed.
-        let missing = Path::new("configs/none.toml");
-        assert_eq!(resolve_in(missing, root.path()), missing);
-        // A file in the working folder wins (the test runs in the crate's folder, which has Cargo.toml).
-        assert_eq!(
-            resolve_in(Path::new("Cargo.toml"), root.path()),
-            Path::new("Cargo.toml")
-        );
-    }
-}
-
 /// The nats-server binary: `$MERIDIAN_NATS_SERVER`, else the workspace's `.venv/bin/nats-server` (installed by
 /// the scripts), else the first on `PATH`.
 pub fn find_nats_server() -> anyhow::Result<PathBuf> {
@@ -160,4 +136,28 @@ pub fn sibling_binary(name: &str) -> anyhow::Result<PathBuf> {
         "{name} not found beside {}; build it with `cargo build --workspace --bins`",
         exe.display()
     )
+}
+
+#[cfg(test)]
+mod resolve_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::resolve_in;
+    use std::path::Path;
+
+    #[test]
+    fn a_relative_file_not_in_the_working_folder_is_taken_from_the_checkout() {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(root.path().join("configs")).unwrap();
+        std::fs::write(root.path().join("configs/f.toml"), "").unwrap();
+        let rel = Path::new("configs/f.toml");
+        assert_eq!(resolve_in(rel, root.path()), root.path().join(rel));
+        // Not in the checkout either: left as given, so the error names what the user typed.
+        let missing = Path::new("configs/none.toml");
+        assert_eq!(resolve_in(missing, root.path()), missing);
+        // A file in the working folder wins (the test runs in the crate's folder, which has Cargo.toml).
+        assert_eq!(
+            resolve_in(Path::new("Cargo.toml"), root.path()),
+            Path::new("Cargo.toml")
+        );
+    }
 }
