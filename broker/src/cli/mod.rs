@@ -93,6 +93,12 @@ pub enum Cmd {
     },
     #[command(flatten)]
     Client(client::ClientCmd),
+    /// Print a shell completion script: `meridian completions bash > /etc/bash_completion.d/meridian`, or
+    /// `source <(meridian completions bash)`.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -138,6 +144,17 @@ pub async fn run(cli: Cli) -> anyhow::Result<bool> {
         Cmd::Bench { what } => run_bench(what, out).await,
         Cmd::Creds { dir, what } => creds::run(what, &dir),
         Cmd::Client(cmd) => client::run(cmd, &cli.connect, out).await,
+        Cmd::Completions { shell } => {
+            let mut script = Vec::new();
+            clap_complete::generate(
+                shell,
+                &mut <Cli as clap::CommandFactory>::command(),
+                "meridian",
+                &mut script,
+            );
+            out!("{}", String::from_utf8_lossy(&script));
+            Ok(true)
+        }
     }
 }
 
@@ -274,6 +291,33 @@ mod doc_tests {
             }
         }
         out
+    }
+
+    /// `meridian completions bash` is a script bash reads without a syntax error, and it completes the commands.
+    #[test]
+    fn the_bash_completion_script_is_valid_bash() {
+        let mut script = Vec::new();
+        clap_complete::generate(
+            clap_complete::Shell::Bash,
+            &mut <Cli as clap::CommandFactory>::command(),
+            "meridian",
+            &mut script,
+        );
+        let text = String::from_utf8(script).unwrap();
+        assert!(text.contains("submit") && text.contains("--state-dir"));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("meridian.bash");
+        std::fs::write(&path, &text).unwrap();
+        let checked = std::process::Command::new("bash")
+            .arg("-n")
+            .arg(&path)
+            .output()
+            .expect("bash");
+        assert!(
+            checked.status.success(),
+            "{}",
+            String::from_utf8_lossy(&checked.stderr)
+        );
     }
 
     /// Every command the README and docs/ show parses as the CLI has it: no flag or command that does not exist.
