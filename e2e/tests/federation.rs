@@ -330,6 +330,14 @@ fn a_job_runs_for_real_and_reports_its_exit_code() {
         "{logs:?}"
     );
 
+    // The accelerator catalogue names the site's pool with its price.
+    let gpus = f.cli(&["gpus", "--model", "a100"]);
+    let gpus = String::from_utf8_lossy(&gpus.stdout).to_string();
+    assert!(
+        gpus.lines()
+            .any(|l| l.starts_with("A100") && l.contains("solo") && l.contains("1.00")),
+        "{gpus}"
+    );
     // A one-line job with no spec file: the command after `--`, quoted for the shell as it was typed.
     let submitted = f.cli(&[
         "submit",

@@ -131,6 +131,13 @@ pub enum ClientCmd {
     Show { job: JobId },
     /// List sites.
     Sites,
+    /// The accelerator catalogue: every pool of every site by model, with its free and total devices, price
+    /// per device-hour and grid carbon, cheapest first.
+    Gpus {
+        /// Only this model (any case).
+        #[arg(long)]
+        model: Option<String>,
+    },
     /// Explain where a job is placed, or why it waits.
     Explain { job: JobId },
     /// Cancel a job.
@@ -416,6 +423,11 @@ pub async fn run(cmd: ClientCmd, connect: &ConnectArgs, out: Output) -> anyhow::
         ClientCmd::Show { job } => {
             let j = client.job(&job).await?;
             print(out, &j, render::job)
+        }
+        ClientCmd::Gpus { model } => {
+            let sites = client.sites().await?;
+            let rows = render::gpu_rows(&sites, model.as_deref());
+            print(out, &rows, |r| render::gpus(r))
         }
         ClientCmd::Sites => {
             let sites = client.sites().await?;

@@ -115,6 +115,78 @@ fn job_fields(j: &JobView) -> Vec<(&'static str, String)> {
     f
 }
 
+/// One pool of the accelerator catalogue (`meridian gpus`).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct GpuRow {
+    pub model: String,
+    pub site: String,
+    pub tier: String,
+    pub pool: String,
+    pub up: bool,
+    pub free: f64,
+    pub total: u32,
+    pub usd_per_hour: f64,
+    pub carbon_g_per_kwh: u32,
+    pub pue: f64,
+}
+
+/// Every pool of the federation, by model, then cheapest first, then least carbon; only `model`'s (any case)
+/// when given.
+pub fn gpu_rows(sites: &[SiteView], model: Option<&str>) -> Vec<GpuRow> {
+    let mut rows: Vec<GpuRow> = sites
+        .iter()
+        .flat_map(|s| {
+            s.pools.iter().map(move |p| GpuRow {
+                model: p.model.to_string(),
+                site: s.site.to_string(),
+                tier: s.tier.as_str().to_owned(),
+                pool: p.name.to_string(),
+                up: s.up && !s.draining,
+                free: p.free_milli as f64 / 1000.0,
+                total: p.count,
+                usd_per_hour: p.price_micro_usd_per_hour as f64 / 1e6,
+                carbon_g_per_kwh: s.carbon_g_per_kwh,
+                pue: s.pue,
+            })
+        })
+        .filter(|r| model.is_none_or(|m| r.model.eq_ignore_ascii_case(m)))
+        .collect();
+    rows.sort_by(|a, b| {
+        a.model
+            .cmp(&b.model)
+            .then(a.usd_per_hour.total_cmp(&b.usd_per_hour))
+            .then(a.carbon_g_per_kwh.cmp(&b.carbon_g_per_kwh))
+            .then(a.site.cmp(&b.site))
+    });
+    rows
+}
+
+pub fn gpus(rows: &[GpuRow]) {
+    outln!(
+        "{:<8} {:<18} {:<8} {:>11} {:>8} {:>9} {:>5}",
+        "MODEL",
+        "SITE",
+        "TIER",
+        "FREE/TOTAL",
+        "USD/H",
+        "gCO2/kWh",
+        "PUE"
+    );
+    for r in rows {
+        let state = if r.up { "" } else { "  (down or draining)" };
+        outln!(
+            "{:<8} {:<18} {:<8} {:>11} {:>8.2} {:>9} {:>5.2}{state}",
+            r.model,
+            r.site,
+            r.tier,
+            format!("{:.1}/{}", r.free, r.total),
+            r.usd_per_hour,
+            r.carbon_g_per_kwh,
+            r.pue
+        );
+    }
+}
+
 pub fn sites(sites: &[SiteView]) {
     outln!(
         "{:<18} {:<8} {:<5} {:<6} {:>5} {:>6}  POOLS (free/total)",
@@ -604,6 +676,53 @@ mod tests {
         assert_eq!(f["metered"], "$0.07, 0.025 kWh, 0.005 kgCO2e");
         assert!(f["estimate"].starts_with("$4.00, 1.500 kWh, 0.300 kgCO2e"));
         assert!(!f.contains_key("users"));
+    }
+
+    #[test]
+    fn the_gpu_catalogue_lists_every_pool_by_model_cheapest_first() {
+        let site = |id: &str, tier: &str, carbon: u32, pools: serde_json::Value| -> SiteView {
+            serde_json::from_value(serde_json::json!({
+                "site": id, "kind": "datacenter", "tier": tier, "up": true, "draining": false,
+                "location": { "lat": 0.0, "lon": 0.0 }, "pue": 1.2, "carbon_g_per_kwh": carbon,
+                "pools": pools, "last_seen_ms": 0, "generation": 1
+            }))
+            .unwrap()
+        };
+        let pool = |name: &str, model: &str, count: u32, free: u64, usd: u64| {
+            serde_json::json!({ "name": name, "kind": "gpu", "model": model, "count": count,
+                                "free_milli": free, "price_micro_usd_per_hour": usd })
+        };
+        let sites = vec![
+            site(
+                "dear",
+                "cloud",
+                400,
+                serde_json::json!([pool("a", "A100", 8, 8000, 3_700_000)]),
+            ),
+            site(
+                "cheap",
+                "owned",
+                60,
+                serde_json::json!([
+                    pool("a", "A100", 4, 1500, 2_000_000),
+                    pool("h", "H100", 2, 0, 4_000_000)
+                ]),
+            ),
+        ];
+        let rows = gpu_rows(&sites, None);
+        let order: Vec<(&str, &str)> = rows
+            .iter()
+            .map(|r| (r.model.as_str(), r.site.as_str()))
+            .collect();
+        assert_eq!(
+            order,
+            [("A100", "cheap"), ("A100", "dear"), ("H100", "cheap")]
+        );
+        assert_eq!(
+            (rows[0].free, rows[0].total, rows[0].usd_per_hour),
+            (1.5, 4, 2.0)
+        );
+        assert_eq!(gpu_rows(&sites, Some("h100")).len(), 1);
     }
 
     #[test]
