@@ -211,7 +211,21 @@ impl Client {
     }
 
     pub async fn explain(&self, job: &JobId) -> anyhow::Result<meridian_federation::ExplainView> {
-        self.call(api::EXPLAIN, &job_ref(job)).await
+        self.explain_sites(job, false).await
+    }
+
+    /// [`Self::explain`]; with `all`, every site of the federation as placement weighs the job now.
+    pub async fn explain_sites(
+        &self,
+        job: &JobId,
+        all: bool,
+    ) -> anyhow::Result<meridian_federation::ExplainView> {
+        let req = meridian_federation::ExplainRequest {
+            v: WIRE_VERSION,
+            job: job.clone(),
+            all,
+        };
+        self.call(api::EXPLAIN, &req).await
     }
 
     pub async fn cancel(&self, job: &JobId) -> anyhow::Result<meridian_federation::JobView> {

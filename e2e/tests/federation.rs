@@ -69,6 +69,41 @@ fn placement_on_the_demo_federation() {
     f.wait_phase(&d, "succeeded", LONG);
     assert_eq!(site_of(&f, &p), "dc-oregon", "{}", f.explain(&p));
     assert_eq!(site_of(&f, &d), "dc-virginia", "{}", f.explain(&d));
+
+    // explain --all: every site of the federation weighed, none left out by the index unscored.
+    let (status, all) = f.get(&format!("/v1/jobs/{d}/explain?all=true"));
+    assert_eq!(status, 200, "{all}");
+    let all = &all["ok"];
+    assert_eq!(all["every_site_now"], true, "{all}");
+    assert_eq!(all["pruned"].as_array().map_or(0, Vec::len), 0, "{all}");
+    let mut named: Vec<&str> = all["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["site"].as_str().unwrap())
+        .collect();
+    named.sort_unstable();
+    named.dedup();
+    let (_, sites) = f.get("/v1/sites");
+    let mut every: Vec<&str> = sites["ok"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["site"].as_str().unwrap())
+        .collect();
+    every.sort_unstable();
+    assert_eq!(named, every, "{all}");
+    let (status, _) = f.get(&format!("/v1/jobs/{d}/explain?everything=1"));
+    assert_eq!(status, 400, "an unknown parameter is refused");
+    // The CLI's table says the choice moved no data where the other sites would move the 90 TB.
+    let text = f.cli(&["explain", "--all", &d]);
+    let text = String::from_utf8_lossy(&text.stdout).to_string();
+    assert!(text.contains("DATA GB"), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("dc-oregon") && l.contains("90000.0")),
+        "{text}"
+    );
 }
 
 /// (c) A flexible training job lands on the lowest-kgCO2e site under `green` and the cheapest under `cost`.

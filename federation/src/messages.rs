@@ -1393,6 +1393,17 @@ pub struct JobRef {
     pub job: JobId,
 }
 
+/// Explain a job: the candidates of its placement, or with `all` every site of the federation as placement
+/// weighs the job now (none left out by the index unscored).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExplainRequest {
+    #[serde(default = "v1")]
+    pub v: u32,
+    pub job: JobId,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub all: bool,
+}
+
 /// Drain a site (no new work; running work finishes), or undrain it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DrainRequest {
@@ -1833,6 +1844,10 @@ pub struct ExplainView {
     pub pruned: Vec<PrunedView>,
     /// Notable events of the job, oldest first.
     pub history: Vec<String>,
+    /// The candidates are every site of the federation as placement weighs the job now (`explain --all`), not
+    /// those of the decision that placed it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub every_site_now: bool,
 }
 
 /// A reply of the NATS request-reply API: exactly one of `ok` and `error` is present.

@@ -113,7 +113,7 @@ pub mod api {
     pub const LIST_JOBS: &str = "jobs.list";
     /// [`crate::JobRef`] → [`crate::JobView`].
     pub const GET_JOB: &str = "jobs.get";
-    /// [`crate::JobRef`] → [`crate::ExplainView`].
+    /// [`crate::ExplainRequest`] (a [`crate::JobRef`], with `all` for every site) → [`crate::ExplainView`].
     pub const EXPLAIN: &str = "jobs.explain";
     /// [`crate::JobRef`] → [`crate::JobView`].
     pub const CANCEL: &str = "jobs.cancel";

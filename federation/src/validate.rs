@@ -579,6 +579,14 @@ impl Validate for JobRef {
     }
 }
 
+impl Validate for ExplainRequest {
+    versioned!(ExplainRequest);
+
+    fn validate(&self) -> R {
+        Ok(())
+    }
+}
+
 impl Validate for ScaleInRequest {
     versioned!(ScaleInRequest);
 

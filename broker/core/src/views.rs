@@ -182,6 +182,7 @@ pub fn explain_with(job: &Job, decision: Option<&Decision>) -> ExplainView {
         candidates,
         pruned,
         history: history(job),
+        every_site_now: false,
     }
 }
 

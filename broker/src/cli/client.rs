@@ -138,8 +138,14 @@ pub enum ClientCmd {
         #[arg(long)]
         model: Option<String>,
     },
-    /// Explain where a job is placed, or why it waits.
-    Explain { job: JobId },
+    /// Explain where a job is placed, or why it waits: each candidate site's cost, energy, carbon and latency,
+    /// or why it was rejected.
+    Explain {
+        job: JobId,
+        /// Every site of the federation, as placement weighs the job now (none left out unscored).
+        #[arg(long)]
+        all: bool,
+    },
     /// Cancel a job.
     Cancel { job: JobId },
     /// Show the tail of a job's output.
@@ -433,8 +439,8 @@ pub async fn run(cmd: ClientCmd, connect: &ConnectArgs, out: Output) -> anyhow::
             let sites = client.sites().await?;
             print(out, &sites, |s| render::sites(s))
         }
-        ClientCmd::Explain { job } => {
-            let e = client.explain(&job).await?;
+        ClientCmd::Explain { job, all } => {
+            let e = client.explain_sites(&job, all).await?;
             print(out, &e, render::explain)
         }
         ClientCmd::Cancel { job } => {

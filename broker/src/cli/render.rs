@@ -226,6 +226,9 @@ pub fn sites(sites: &[SiteView]) {
 pub fn explain(e: &ExplainView) {
     outln!("{} is {}: {}", e.job, e.phase.as_str(), e.why);
     outln!("policy {}", e.policy);
+    if e.every_site_now {
+        outln!("every site as placement weighs the job now (not the decision that placed it):");
+    }
     if e.candidates.is_empty() {
         outln!("(no placement was tried: the reason above holds it first)");
     }
@@ -328,41 +331,64 @@ pub fn timeline(t: &TimelineView) {
 
 /// The candidates of a placement as a table.
 fn candidates(list: &[CandidateView]) {
+    for line in candidate_lines(list) {
+        outln!("{line}");
+    }
+}
+
+/// The candidates' table. A column of the data each would move in (GB, whose egress is in its cost) appears
+/// when any candidate moves data, so that a choice made by where the data is says so.
+fn candidate_lines(list: &[CandidateView]) -> Vec<String> {
+    let moves_data = list
+        .iter()
+        .any(|c| c.terms.as_ref().is_some_and(|t| t.data_bytes_moved > 0));
+    let mut lines = Vec::new();
     if !list.is_empty() {
-        outln!(
-            "{:<18} {:<8} {:<8} {:>9} {:>8} {:>8} {:>8} {:>8}  VERDICT",
-            "SITE",
-            "TIER",
-            "POOL",
-            "COST $",
-            "kWh",
-            "kgCO2",
-            "RTT ms",
-            "SCORE"
-        );
+        let data = if moves_data {
+            format!(" {:>9}", "DATA GB")
+        } else {
+            String::new()
+        };
+        lines.push(format!(
+            "{:<18} {:<8} {:<8} {:>9} {:>8} {:>8} {:>8}{data} {:>8}  VERDICT",
+            "SITE", "TIER", "POOL", "COST $", "kWh", "kgCO2", "RTT ms", "SCORE"
+        ));
     }
     for c in list {
-        let (cost, kwh, co2, rtt, score) = match &c.terms {
+        let (cost, kwh, co2, rtt, gb, score) = match &c.terms {
             Some(t) => (
                 format!("{:.2}", t.cost_micro_usd as f64 / 1e6),
                 format!("{:.1}", t.energy_wh as f64 / 1000.0),
                 format!("{:.2}", t.co2_g as f64 / 1000.0),
                 format!("{:.1}", t.latency_ms),
+                format!("{:.1}", t.data_bytes_moved as f64 / 1e9),
                 if t.score >= 0.0 {
                     format!("{:.3}", t.score)
                 } else {
                     "-".into()
                 },
             ),
-            None => ("-".into(), "-".into(), "-".into(), "-".into(), "-".into()),
+            None => (
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+            ),
         };
         let verdict = if c.chosen {
             "CHOSEN".to_string()
         } else {
             c.rejected.clone().unwrap_or_default()
         };
-        outln!(
-            "{:<18} {:<8} {:<8} {:>9} {:>8} {:>8} {:>8} {:>8}  {}",
+        let data = if moves_data {
+            format!(" {gb:>9}")
+        } else {
+            String::new()
+        };
+        lines.push(format!(
+            "{:<18} {:<8} {:<8} {:>9} {:>8} {:>8} {:>8}{data} {:>8}  {}",
             c.site.as_str(),
             c.tier.as_str(),
             c.pool.as_ref().map_or("-", |p| p.as_str()),
@@ -372,8 +398,9 @@ fn candidates(list: &[CandidateView]) {
             rtt,
             score,
             verdict
-        );
+        ));
     }
+    lines
 }
 
 pub fn report_sections(
@@ -723,6 +750,32 @@ mod tests {
             (1.5, 4, 2.0)
         );
         assert_eq!(gpu_rows(&sites, Some("h100")).len(), 1);
+    }
+
+    #[test]
+    fn a_choice_made_by_where_the_data_is_shows_the_data_each_site_would_move() {
+        let c = |site: &str, usd: u64, bytes: u64, chosen: bool| -> CandidateView {
+            serde_json::from_value(serde_json::json!({
+                "site": site, "tier": "owned", "pool": "a100",
+                "terms": { "cost_micro_usd": usd, "energy_wh": 1000, "co2_g": 100, "latency_ms": 0.0,
+                           "data_bytes_moved": bytes, "score": 0.0 },
+                "rejected": null, "chosen": chosen
+            }))
+            .unwrap()
+        };
+        let lines = candidate_lines(&[
+            c("has-data", 15_920_000, 0, true),
+            c("far", 8_110_000_000, 90_000_000_000_000, false),
+        ]);
+        assert!(lines[0].contains("DATA GB"), "{lines:?}");
+        assert!(
+            lines[1].contains(" 0.0 ") && lines[1].ends_with("CHOSEN"),
+            "{lines:?}"
+        );
+        assert!(lines[2].contains("90000.0"), "{lines:?}");
+        // No column when no candidate moves data.
+        let plain = candidate_lines(&[c("a", 1, 0, true)]);
+        assert!(!plain[0].contains("DATA"), "{plain:?}");
     }
 
     #[test]

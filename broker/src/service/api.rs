@@ -21,7 +21,8 @@ pub enum Call {
     Submit(Bytes),
     ListJobs(Bytes),
     GetJob(String),
-    Explain(String),
+    /// A job, and whether every site is weighed (`all`).
+    Explain(String, bool),
     Cancel(String),
     Logs(String, u32),
     Timeline(String),
@@ -70,7 +71,7 @@ impl Call {
             Call::Submit(_) => "submit",
             Call::ListJobs(_) => "list_jobs",
             Call::GetJob(_) => "get_job",
-            Call::Explain(_) => "explain",
+            Call::Explain(..) => "explain",
             Call::Cancel(_) => "cancel",
             Call::Logs(..) => "logs",
             Call::Timeline(_) => "timeline",
@@ -104,7 +105,7 @@ impl Call {
         match self {
             Call::ListJobs(_)
             | Call::GetJob(_)
-            | Call::Explain(_)
+            | Call::Explain(..)
             | Call::Logs(..)
             | Call::Timeline(_)
             | Call::ListSites
@@ -517,7 +518,7 @@ async fn call_as(h: &BrokerHandle, who: &Principal, c: Call) -> Reply {
                 Err(r) => r,
             }
         }
-        Call::Explain(id) => {
+        Call::Explain(id, all) => {
             let id = match job_id(&id) {
                 Ok(id) => id,
                 Err(r) => return r,
@@ -525,7 +526,7 @@ async fn call_as(h: &BrokerHandle, who: &Principal, c: Call) -> Reply {
             if let Err(r) = watched_job(h, who, &id).await {
                 return r;
             }
-            match h.query(Query::Explain(id.clone())).await {
+            match h.query(Query::Explain(id.clone(), all)).await {
                 Some(Answer::Explain(Some(v))) => ok(200, v),
                 Some(_) => match h.archive.job(&id).await {
                     Ok(Some(a)) => ok(200, a.explain),
@@ -1238,7 +1239,10 @@ fn nats_call(
         api::AUDIT => Call::Audit(payload),
         api::LIST_JOBS => Call::ListJobs(payload),
         api::GET_JOB => Call::GetJob(job(&payload)?),
-        api::EXPLAIN => Call::Explain(job(&payload)?),
+        api::EXPLAIN => {
+            let r = decode_strict::<meridian_federation::ExplainRequest>(&payload).map_err(wire)?;
+            Call::Explain(r.job.to_string(), r.all)
+        }
         api::CANCEL => Call::Cancel(job(&payload)?),
         api::LOGS => Call::Logs(job(&payload)?, 100),
         api::TIMELINE => Call::Timeline(job(&payload)?),

@@ -389,12 +389,21 @@ async fn cancel(
     run(&h, &headers, Call::Cancel(id)).await
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExplainParam {
+    /// Every site of the federation, as placement weighs the job now.
+    #[serde(default)]
+    all: bool,
+}
+
 async fn explain(
     State(h): State<BrokerHandle>,
     headers: HeaderMap,
     Path(id): Path<String>,
+    Query(q): Query<ExplainParam>,
 ) -> Response {
-    run(&h, &headers, Call::Explain(id)).await
+    run(&h, &headers, Call::Explain(id, q.all)).await
 }
 
 async fn timeline(

@@ -155,7 +155,8 @@ pub enum Query {
         who: Principal,
     },
     Job(JobId),
-    Explain(JobId),
+    /// A job, and whether every site is weighed (`explain --all`).
+    Explain(JobId, bool),
     Timeline(JobId),
     Sites,
     /// Where the job's latest attempt ran: site and attempt.
@@ -1310,14 +1311,16 @@ fn answer(
                 .get(&id)
                 .map(|j| views::job_view(j, st.sites(), reactor.rtt())),
         ),
-        Query::Explain(id) => Answer::Explain(reactor.explain(&id, now_ms()).map(|mut v| {
-            if let Some(job) = st.jobs().get(&id) {
-                for (_, _, warning) in views::possibly_still_running(job, st.revoked_sites()) {
-                    v.history.push(warning);
+        Query::Explain(id, all) => {
+            Answer::Explain(reactor.explain(&id, now_ms(), all).map(|mut v| {
+                if let Some(job) = st.jobs().get(&id) {
+                    for (_, _, warning) in views::possibly_still_running(job, st.revoked_sites()) {
+                        v.history.push(warning);
+                    }
                 }
-            }
-            v
-        })),
+                v
+            }))
+        }
         Query::Sites => Answer::Sites(st.sites().values().map(views::site_view).collect()),
         Query::Format => Answer::Format(
             st.format(),

@@ -380,20 +380,45 @@ impl<J: Journal> Reactor<J> {
     }
 
     /// A job's explanation. A waiting job's candidates are those placement would weigh now; a placed job's,
-    /// those of the decision that placed it.
-    pub fn explain(&self, id: &JobId, now: Millis) -> Option<meridian_federation::ExplainView> {
+    /// those of the decision that placed it. With `all`, every site of the federation is weighed (the index
+    /// leaves none out unscored), for a placed job as placement weighs it now.
+    pub fn explain(
+        &self,
+        id: &JobId,
+        now: Millis,
+        all: bool,
+    ) -> Option<meridian_federation::ExplainView> {
         let job = self.state.jobs.get(id)?;
-        if job.phase != JobPhase::Pending {
+        if job.phase != JobPhase::Pending && !all {
             return Some(crate::views::explain_view(job));
         }
         let capped = self.capped_pools(job, &mut None);
-        let decision = self.placement_now(job, now, &capped);
-        Some(crate::views::explain_with(job, Some(&decision)))
+        let decision = self.placement_in(self.view_with(!all), job, now, &capped);
+        if job.phase == JobPhase::Pending {
+            return Some(crate::views::explain_with(job, Some(&decision)));
+        }
+        let mut v = crate::views::explain_view(job);
+        let now_view = crate::views::explain_with(job, Some(&decision));
+        v.candidates = now_view.candidates;
+        v.pruned = now_view.pruned;
+        v.every_site_now = true;
+        Some(v)
     }
 
     /// Placement's decision for a waiting job now: its own refusals and the pools its quota caps left out.
     fn placement_now(
         &self,
+        job: &crate::model::Job,
+        now: Millis,
+        capped: &[(SiteId, meridian_federation::PoolName)],
+    ) -> placement::Decision {
+        self.placement_in(self.view(), job, now, capped)
+    }
+
+    /// [`Self::placement_now`] over a given view of the state.
+    fn placement_in(
+        &self,
+        view: View<'_>,
         job: &crate::model::Job,
         now: Millis,
         capped: &[(SiteId, meridian_federation::PoolName)],
@@ -408,17 +433,22 @@ impl<J: Journal> Reactor<J> {
             spent: self.spent(&job.spec),
             queue_policy: self.queue_policy(&job.spec),
         };
-        placement::place(self.view(), request, now)
+        placement::place(view, request, now)
     }
 
     /// What placement reads of the state.
     pub(super) fn view(&self) -> View<'_> {
+        self.view_with(true)
+    }
+
+    /// [`Self::view`], with the site index or without it (every site scored: a plain scan).
+    fn view_with(&self, indexed: bool) -> View<'_> {
         View {
             sites: &self.state.sites,
             rtt: &self.rtt,
             regions: &self.regions,
             throughput: &self.throughput,
-            index: Some(&self.state.index),
+            index: indexed.then_some(&self.state.index),
             format: self.state.format(),
         }
     }
