@@ -398,6 +398,30 @@ fn a_job_runs_for_real_and_reports_its_exit_code() {
         String::from_utf8_lossy(&logs.stdout).contains("it is done"),
         "{logs:?}"
     );
+    // `logs -f` follows a job from its start to its end: every line once, in order.
+    let counting = f.cli(&[
+        "submit",
+        "--tenant",
+        "e2e",
+        "--",
+        "sh",
+        "-c",
+        "for i in 1 2 3 4; do echo line-$i; sleep 1; done",
+    ]);
+    let counting = String::from_utf8_lossy(&counting.stdout).to_string();
+    let counting = counting.split_whitespace().next().unwrap().to_owned();
+    let followed = f.cli(&["logs", "-f", &counting]);
+    let followed = String::from_utf8_lossy(&followed.stdout).to_string();
+    let lines: Vec<&str> = followed
+        .lines()
+        .filter(|l| l.starts_with("line-"))
+        .collect();
+    assert_eq!(
+        lines,
+        ["line-1", "line-2", "line-3", "line-4"],
+        "{followed}"
+    );
+    assert_eq!(f.job(&counting)["phase"], "succeeded");
     // `show`: one job, a field a line, times in UTC.
     let shown = f.cli(&["show", &failing]);
     let shown = String::from_utf8_lossy(&shown.stdout).to_string();

@@ -148,8 +148,13 @@ pub enum ClientCmd {
     },
     /// Cancel a job.
     Cancel { job: JobId },
-    /// Show the tail of a job's output.
-    Logs { job: JobId },
+    /// Show the tail of a job's output; `-f` follows it until the job ends.
+    Logs {
+        job: JobId,
+        /// Keep printing new lines as the job writes them, until it ends (Ctrl-C stops following).
+        #[arg(short, long)]
+        follow: bool,
+    },
     /// Show a job's life: every change with its time, attempt and site, each attempt's run time and amounts,
     /// the latest placement's best candidates, and the end of its log.
     Timeline { job: JobId },
@@ -449,10 +454,11 @@ pub async fn run(cmd: ClientCmd, connect: &ConnectArgs, out: Output) -> anyhow::
                 outln!("{} {}: {}", j.job, j.phase.as_str(), j.why)
             })
         }
-        ClientCmd::Logs { job } => {
+        ClientCmd::Logs { job, follow: false } => {
             let l = client.logs(&job).await?;
             print(out, &l, |l| outln!("{}", l.text))
         }
+        ClientCmd::Logs { job, follow: true } => follow_logs(&client, &job).await,
         ClientCmd::Timeline { job } => {
             let t = client.timeline(&job).await?;
             print(out, &t, render::timeline)
@@ -617,6 +623,57 @@ pub async fn run(cmd: ClientCmd, connect: &ConnectArgs, out: Output) -> anyhow::
     }
 }
 
+/// `meridian logs -f`: the log's tail, then each new line as the job writes it (the tail is polled each
+/// second), until the job has ended and its last lines are printed.
+async fn follow_logs(client: &Client, job: &JobId) -> anyhow::Result<bool> {
+    let mut shown: Option<(u32, String)> = None;
+    loop {
+        // Read the phase first: a job that had ended before this read of its log has all of it in the read.
+        let ended = client.job(job).await?.phase.is_terminal();
+        match client.logs(job).await {
+            Ok(l) => {
+                let prev = match &shown {
+                    Some((attempt, text)) if *attempt == l.attempt => text.as_str(),
+                    Some(_) => {
+                        outln!("--- attempt {} on {} ---", l.attempt, l.site);
+                        ""
+                    }
+                    None => "",
+                };
+                let (skipped, new) = new_lines(prev, &l.text);
+                if skipped {
+                    outln!("… (lines written faster than one tail a second are left out)");
+                }
+                for line in new {
+                    outln!("{line}");
+                }
+                shown = Some((l.attempt, l.text));
+            }
+            // No attempt has run yet, or its site is not answering: ask again.
+            Err(_) if !ended => {}
+            Err(e) => return Err(e),
+        }
+        if ended {
+            return Ok(true);
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+}
+
+/// The lines of tail `next` that tail `prev` did not show: those after the longest run of `prev`'s last lines
+/// that `next` starts with. `true` when the two do not overlap at all although both have lines (more was written
+/// between them than a tail holds, so some lines were never seen).
+fn new_lines<'a>(prev: &str, next: &'a str) -> (bool, Vec<&'a str>) {
+    let p: Vec<&str> = prev.lines().collect();
+    let n: Vec<&'a str> = next.lines().collect();
+    let overlap = (1..=p.len().min(n.len()))
+        .rev()
+        .find(|k| p[p.len() - k..] == n[..*k])
+        .unwrap_or(0);
+    let skipped = overlap == 0 && !p.is_empty() && !n.is_empty() && prev != next;
+    (skipped, n[overlap..].to_vec())
+}
+
 /// The tenant of a service: the one given, else the one whose service of that name the token reads (as
 /// `service show` finds it), so that no service command needs `--tenant` where `show` does not.
 async fn service_tenant(
@@ -772,6 +829,27 @@ mod since_tests {
             .unwrap_err()
             .contains("expected an instant"));
         assert!(since_at("", now).is_err());
+    }
+}
+
+#[cfg(test)]
+mod follow_tests {
+    use super::new_lines;
+
+    #[test]
+    fn following_a_tail_prints_each_line_once() {
+        assert_eq!(new_lines("", "a\nb\n"), (false, vec!["a", "b"]));
+        assert_eq!(new_lines("a\nb\n", "a\nb\n"), (false, vec![]));
+        assert_eq!(new_lines("a\nb\n", "a\nb\nc\n"), (false, vec!["c"]));
+        // The tail slid: its first lines fell out of the window.
+        assert_eq!(
+            new_lines("a\nb\nc\n", "b\nc\nd\ne\n"),
+            (false, vec!["d", "e"])
+        );
+        // A line repeated is not taken for one already shown unless the whole run matches.
+        assert_eq!(new_lines("x\ny\n", "y\ny\n"), (false, vec!["y"]));
+        // More written between two reads than the tail holds: said, not hidden.
+        assert_eq!(new_lines("a\nb\n", "x\ny\n"), (true, vec!["x", "y"]));
     }
 }
 
