@@ -76,10 +76,10 @@ pub struct SimOptions {
     pub schedule: Option<PathBuf>,
     /// An inference service file (TOML or JSON, as `meridian service deploy` takes): simulate its autoscaling
     /// against --demand instead of a batch trace.
-    #[arg(long, requires = "demand", conflicts_with = "trace")]
+    #[arg(long, conflicts_with = "trace")]
     pub service: Option<PathBuf>,
-    /// The demand curve of --service: the Alibaba GenAI QPS CSV.
-    #[arg(long)]
+    /// The demand curve of --service: the Alibaba GenAI QPS CSV; default from the data folder.
+    #[arg(long, requires = "service")]
     pub demand: Option<PathBuf>,
     /// The user cities the demand is spread over (WonderNetwork server list CSV); default from the data folder.
     #[arg(long)]

@@ -61,11 +61,20 @@ pub fn read_service(path: &Path) -> anyhow::Result<ServiceSpec> {
     decode_strict::<ServiceSpec>(&bytes).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
 
-fn data_or(given: &Option<std::path::PathBuf>, rel: &str) -> anyhow::Result<std::path::PathBuf> {
+/// The file given with `flag`, else the data folder's `rel`; the error names both ways to give it.
+fn data_or(
+    given: &Option<std::path::PathBuf>,
+    rel: &str,
+    flag: &str,
+) -> anyhow::Result<std::path::PathBuf> {
     match given {
         Some(p) => Ok(p.clone()),
-        None => crate::data::data_file(Path::new(rel))?
-            .ok_or_else(|| anyhow::anyhow!("{rel} is not in the data folder; name the file")),
+        None => crate::data::data_file(Path::new(rel))?.ok_or_else(|| {
+            anyhow::anyhow!(
+                "{rel} is not in the data folder {} (set MERIDIAN_DATA to another): name the file with {flag}",
+                crate::data::data_dir().display()
+            )
+        }),
     }
 }
 
@@ -115,13 +124,14 @@ pub fn load(opts: &SimOptions) -> anyhow::Result<Loaded> {
         .as_ref()
         .ok_or_else(|| anyhow::anyhow!("--service is required here"))?;
     let spec = read_service(service)?;
-    let curve_path = opts
-        .demand
-        .as_ref()
-        .ok_or_else(|| anyhow::anyhow!("--demand FILE (the GenAI QPS CSV) goes with --service"))?;
+    let curve_path = &data_or(&opts.demand, "alibaba-genai-qps-2026/qps.csv", "--demand")?;
     let curve = demand::parse_qps_curve(&read(curve_path)?)
         .map_err(|e| anyhow::anyhow!("{}: {e}", curve_path.display()))?;
-    let cities_path = data_or(&opts.cities, "wondernetwork-servers/servers-2020-07-19.csv")?;
+    let cities_path = data_or(
+        &opts.cities,
+        "wondernetwork-servers/servers-2020-07-19.csv",
+        "--cities",
+    )?;
     let all = demand::parse_cities(&read(&cities_path)?)
         .map_err(|e| anyhow::anyhow!("{}: {e}", cities_path.display()))?;
     let regions = super::azure_regions()?;
@@ -160,6 +170,7 @@ pub fn load(opts: &SimOptions) -> anyhow::Result<Loaded> {
             let p = data_or(
                 &opts.inference,
                 "azure-llm-inference-2023/AzureLLMInferenceTrace_code.csv",
+                "--inference",
             )?;
             Some(
                 demand::token_sizes(&read(&p)?)
