@@ -47,6 +47,8 @@ pub struct SiteSpec<'a> {
     /// Its pool also sells spot capacity at this price (USD per hour); its agent reads the provider's reclaim
     /// notice from `spot-notice` in its work folder (see [`Fed::reclaim_spot`]).
     pub spot_price: Option<f64>,
+    /// Its agent follows a grid feed, `carbon.json` in its work folder (see [`Fed::set_grid`]).
+    pub grid_feed: bool,
 }
 
 impl<'a> SiteSpec<'a> {
@@ -65,6 +67,7 @@ impl<'a> SiteSpec<'a> {
             readopt_ms: 1_000,
             metrics_listen: false,
             spot_price: None,
+            grid_feed: false,
         }
     }
 }
@@ -118,6 +121,7 @@ metrics_ms = 1000
             s.metrics_listen
                 .then_some("metrics_listen = \"127.0.0.1:0\"\n"),
             s.spot_price.map(|_| "spot_notice = \"spot-notice\"\n"),
+            s.grid_feed.then_some("carbon_file = \"carbon.json\"\n"),
         ]
         .into_iter()
         .flatten()
@@ -192,6 +196,15 @@ impl Fed {
     /// The address of a site's agent's own `/metrics` (an agent started with `metrics_listen`), once it listens.
     /// The provider takes back `site`'s spot capacity: the reclaim notice its agent watches appears (the agent
     /// stops its spot attempts and reports them interrupted; nothing goes to the broker but that).
+    /// Writes the site's grid feed (whole, by a rename, as a feed should be replaced).
+    pub fn set_grid(&self, site: &str, text: &str) {
+        let dir = self.fed.dir.join("agents").join(site);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        let tmp = dir.join("carbon.json.new");
+        std::fs::write(&tmp, text).unwrap_or_else(|e| panic!("writing {}: {e}", tmp.display()));
+        std::fs::rename(&tmp, dir.join("carbon.json")).expect("the feed replaced");
+    }
+
     pub fn reclaim_spot(&self, site: &str) {
         let file = self.fed.dir.join("agents").join(site).join("spot-notice");
         std::fs::write(&file, "").unwrap_or_else(|e| panic!("writing {}: {e}", file.display()));

@@ -627,3 +627,46 @@ fn status_updates_survive_an_outage_and_an_agent_restart() {
     assert_eq!(done["attempt"], 1, "{done}");
     assert_eq!(done["exit_code"], 0, "{done}");
 }
+
+/// A site's grid feed (`[agent] carbon_file`) moves the intensity the broker sees at once; a feed that is not a
+/// carbon object, or out of range, changes nothing. An attempt that ran across a change is metered at each
+/// intensity for the time it held (format 8), not at the one in force when it ended.
+#[test]
+fn carbon_is_metered_over_the_intensities_a_run_went_through() {
+    let f = Fed::generated(
+        &[SiteSpec {
+            carbon: 100,
+            grid_feed: true,
+            ..SiteSpec::new("grid", "owned", "A100", 8, 1.0)
+        }],
+        "",
+    );
+    let seen = || -> u64 {
+        let (_, sites) = f.get("/v1/sites");
+        sites["ok"][0]["carbon_g_per_kwh"].as_u64().unwrap()
+    };
+    for bad in ["not json", r#"{"g_per_kwh": 9000}"#] {
+        f.set_grid("grid", bad);
+        std::thread::sleep(Duration::from_millis(1_500));
+        assert_eq!(seen(), 100, "a bad feed ({bad}) changed the intensity");
+    }
+    f.set_grid("grid", r#"{"g_per_kwh": 100}"#);
+    let id = f.submit(&job("across", 8, "sleep 12"));
+    f.wait_phase(&id, "running", LONG);
+    std::thread::sleep(Duration::from_secs(6));
+    f.set_grid("grid", r#"{"g_per_kwh": 3000}"#);
+    f.wait_until("the broker to see the new intensity", LONG, || {
+        seen() == 3000
+    });
+    let done = f.wait_phase(&id, "succeeded", LONG);
+    let (wh, g) = (
+        done["metered"]["energy_wh"].as_f64().unwrap(),
+        done["metered"]["co2_g"].as_f64().unwrap(),
+    );
+    // About 13 Wh: all of it at 100 g/kWh would be about 1 g, all at 3,000 (the rule before) about 40 g.
+    assert!(wh >= 10.0, "{done}");
+    assert!(
+        g > wh * 0.1 * 3.0 && g < wh * 3.0 * 0.8,
+        "{g} g for {wh} Wh is not between the two intensities: {done}"
+    );
+}

@@ -1,7 +1,8 @@
 //! Writes a journal fixture of the newest durable format from a real run (`broker/core/tests/fixtures/`):
 //! jobs that succeed, fail, are cancelled and keep running, an API token created and revoked, a site revoked
 //! and let back in, unpinned jobs under the balanced, carbon-price and cost-premium policies, services deployed
-//! (one with its replica running, one deleted, one on spot capacity), a gateway token, a kill -9 of the broker and its restart. Run by hand when a format is added (fixtures are
+//! (one with its replica running, one deleted, one on spot capacity), a gateway token, a job that ran across a
+//! change of its site's grid intensity, a kill -9 of the broker and its restart. Run by hand when a format is added (fixtures are
 //! never regenerated):
 //!   MERIDIAN_FIXTURE_DIR=broker/core/tests/fixtures/format-N \
 //!     cargo test -p meridian-e2e --test format_fixture -- --ignored --nocapture
@@ -36,7 +37,10 @@ fn write_a_journal_fixture_of_the_newest_format() {
                 spot_price: Some(0.4),
                 ..SiteSpec::new("site-a", "owned", "A100", 4, 1.0)
             },
-            SiteSpec::new("site-b", "owned", "H100", 4, 2.0),
+            SiteSpec {
+                grid_feed: true,
+                ..SiteSpec::new("site-b", "owned", "H100", 4, 2.0)
+            },
         ],
         &format!("throughput = {:?}", throughput.display().to_string()),
         LocalOptions {
@@ -104,6 +108,16 @@ fn write_a_journal_fixture_of_the_newest_format() {
     });
     let (code, body) = f.delete("/v1/services/gone?tenant=e2e");
     assert_eq!(code, 200, "{body}");
+    // Carbon metered over the intensities a run went through (format 8): site-b's grid feed goes from 300 to
+    // 3,000 gCO2e/kWh half way through a 3-GPU job's run.
+    f.set_grid("site-b", r#"{"g_per_kwh": 300}"#);
+    let mut across = pinned("across", "site-b", "sleep 8");
+    across["resources"]["count"] = json!(3);
+    let across = f.submit(&across);
+    f.wait_phase(&across, "running", LONG);
+    std::thread::sleep(Duration::from_secs(4));
+    f.set_grid("site-b", r#"{"g_per_kwh": 3000}"#);
+    f.wait_phase(&across, "succeeded", LONG);
     f.fed.restart_broker().unwrap();
     let last = f.submit(&pinned("after-restart", "site-a", "true"));
     f.wait_phase(&last, "succeeded", LONG);

@@ -145,6 +145,11 @@ pub struct AgentSettings {
     /// instance-action notice: when the file appears, the agent stops the spot attempts of the pools it names,
     /// one per line (every pool when it names none), reports them interrupted and removes the file.
     pub spot_notice: Option<PathBuf>,
+    /// A grid feed: a JSON file (relative to the work folder) holding the advert's `carbon` object
+    /// (`{"g_per_kwh": 120, "forecast_start_ms": …, "forecast": […]}`), read every heartbeat. A change is
+    /// advertised at once; a file that is not such an object, or out of range, is logged and ignored (the last
+    /// good value holds). Without it the site advertises `carbon_g_per_kwh`.
+    pub carbon_file: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
@@ -171,6 +176,7 @@ impl Default for AgentSettings {
             metrics_listen: None,
             draining: false,
             spot_notice: None,
+            carbon_file: None,
         }
     }
 }

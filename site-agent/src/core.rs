@@ -350,6 +350,23 @@ impl AgentCore {
         changed
     }
 
+    /// The grid feed's latest text (`[agent] carbon_file`): the site's carbon from now on, if it is a valid
+    /// `carbon` object. `Ok(true)` when it changed what the site advertises (a new generation), `Ok(false)` when
+    /// it did not; an error says what is wrong with the text, and nothing changes.
+    pub fn follow_grid(&mut self, text: &str) -> Result<bool, String> {
+        let carbon: meridian_federation::Carbon =
+            serde_json::from_str(text).map_err(|e| format!("not a carbon object: {e}"))?;
+        let mut info = self.info.clone();
+        info.carbon = carbon;
+        meridian_federation::validate::Validate::validate(&info).map_err(|e| e.to_string())?;
+        if info.carbon == self.info.carbon {
+            return Ok(false);
+        }
+        self.info = info;
+        self.generation += 1;
+        Ok(true)
+    }
+
     pub fn set_draining(&mut self, draining: bool) {
         if self.draining != draining {
             self.draining = draining;
@@ -401,6 +418,35 @@ price_usd_per_hour = 1.0
             f.pools().expect("pools"),
             false,
         )
+    }
+
+    #[test]
+    fn a_grid_feed_changes_the_advertised_carbon_and_a_bad_one_changes_nothing() {
+        let mut c = core();
+        let g = c.generation;
+        assert_eq!(
+            c.follow_grid(r#"{"g_per_kwh": 100}"#),
+            Ok(false),
+            "the same value"
+        );
+        assert_eq!(c.generation, g);
+        assert_eq!(
+            c.follow_grid(r#"{"g_per_kwh": 420, "forecast_start_ms": 0, "forecast": [400, 380]}"#),
+            Ok(true)
+        );
+        assert_eq!(c.generation, g + 1);
+        assert_eq!(c.advert(0).site.carbon.g_per_kwh, 420);
+        assert_eq!(c.advert(0).site.carbon.forecast, [400, 380]);
+        for bad in [r#"{"g_per_kwh": 9000}"#, "not json", r#"{"grams": 1}"#] {
+            let e = c.follow_grid(bad).expect_err(bad);
+            assert!(!e.is_empty());
+            assert_eq!(c.advert(0).site.carbon.g_per_kwh, 420, "{bad}");
+            assert_eq!(c.generation, g + 1);
+        }
+        assert!(c
+            .follow_grid(r#"{"g_per_kwh": 9000}"#)
+            .unwrap_err()
+            .contains("g_per_kwh"));
     }
 
     fn offer(job: &str, attempt: u32, index: u32, milli: u32) -> Offer {

@@ -92,6 +92,9 @@ struct Agent {
     readopt: Duration,
     /// Where the provider's spot reclaim notice appears (`[agent] spot_notice`).
     spot_notice: Option<PathBuf>,
+    /// The grid feed (`[agent] carbon_file`), and the last thing wrong with it (logged once, until it changes).
+    carbon_file: Option<PathBuf>,
+    carbon_file_error: Option<String>,
     /// Use changed since the last advert: the next reap tick (every 100 ms) sends one, so a burst of starts
     /// costs one advert, not one each.
     advert_due: bool,
@@ -240,6 +243,12 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
             .spot_notice
             .as_ref()
             .map(|p| opts.work_dir.join(p)),
+        carbon_file: site
+            .agent
+            .carbon_file
+            .as_ref()
+            .map(|p| opts.work_dir.join(p)),
+        carbon_file_error: None,
         advert_due: false,
         telemetry: meridian_adapters::telemetry::Telemetry::from_env("meridian-agent")
             .map_err(anyhow::Error::msg)?,
@@ -313,6 +322,9 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
             _ = heartbeat.tick() => {
                 agent.report_checkpoints();
                 agent.follow_site_capacity();
+                if agent.follow_grid_feed() {
+                    agent.publish_advert().await;
+                }
                 agent.publish_heartbeat().await
             }
             _ = advert.tick() => agent.publish_advert().await,
@@ -956,6 +968,41 @@ impl Agent {
 
     /// Takes what the site's own scheduler reports free, where it schedules work that is not Meridian's: a
     /// change is advertised at the next reap tick.
+    /// Reads the grid feed; whether the site's carbon changed (to be advertised at once). A feed that cannot be
+    /// read or is not valid leaves the last good value, said once in the log until what is wrong changes.
+    fn follow_grid_feed(&mut self) -> bool {
+        let Some(path) = &self.carbon_file else {
+            return false;
+        };
+        let read = std::fs::read_to_string(path)
+            .map_err(|e| format!("reading {}: {e}", path.display()))
+            .and_then(|text| {
+                self.core
+                    .follow_grid(&text)
+                    .map_err(|e| format!("{}: {e}", path.display()))
+            });
+        match read {
+            Ok(changed) => {
+                self.carbon_file_error = None;
+                if changed {
+                    tracing::info!(
+                        "grid intensity now {} gCO2e/kWh (from {})",
+                        self.core.info.carbon.g_per_kwh,
+                        path.display()
+                    );
+                }
+                changed
+            }
+            Err(e) => {
+                if self.carbon_file_error.as_ref() != Some(&e) {
+                    tracing::warn!("grid feed ignored, the last good value holds: {e}");
+                    self.carbon_file_error = Some(e);
+                }
+                false
+            }
+        }
+    }
+
     fn follow_site_capacity(&mut self) {
         if let Some(free) = self.backend.free(&self.core.pools) {
             if self.core.site_reports_free(&free) {

@@ -16,7 +16,7 @@ use crate::snapshot::Snapshot;
 use serde::{Deserialize, Serialize};
 
 /// The newest durable format this code knows.
-pub const FORMAT_VERSION: u32 = 7;
+pub const FORMAT_VERSION: u32 = 8;
 
 /// The format of batches and snapshots written before formats were numbered.
 pub const FIRST_FORMAT: u32 = 1;

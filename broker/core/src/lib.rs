@@ -21,6 +21,7 @@ pub mod quota;
 pub mod reactor;
 pub mod regions;
 pub mod snapshot;
+pub mod steps;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! Money, energy and carbon of running some milli-devices for some time, in integers.
 //!
-//! One function serves estimates (expected duration, forecast intensity) and metering (measured run time,
-//! intensity when the run ended), so the two always agree on units and rounding.
+//! One function serves estimates (expected duration, forecast intensity) and metering (measured run time), so
+//! the two always agree on units and rounding; from durable format 8 a run's carbon is metered over the
+//! intensities its site advertised while it ran ([`amounts_integrated`]).
 
 use meridian_federation::Amounts;
 
@@ -38,6 +39,30 @@ pub fn amounts(rates: &Rates, milli: u64, runtime_ms: u64) -> Amounts {
     }
 }
 
+/// Amounts for `milli` milli-devices over stretches of run time, each `(ms, g_per_kwh)` at its own grid
+/// intensity (`rates.g_per_kwh` is not read). Carbon is summed exactly over the stretches and rounded down once,
+/// so one stretch of the whole run gives exactly [`amounts`].
+pub fn amounts_integrated(rates: &Rates, milli: u64, stretches: &[(u64, u32)]) -> Amounts {
+    let runtime_ms: u64 = stretches.iter().map(|(ms, _)| *ms).sum();
+    let whole = amounts(rates, milli, runtime_ms);
+    let pue_milli = (rates.pue * 1000.0).round().max(0.0) as u128;
+    let energy_div = 1000 * MS_PER_HOUR * 1000;
+    let co2_scaled: u128 = stretches
+        .iter()
+        .map(|(ms, g)| {
+            u128::from(rates.power_watts)
+                * u128::from(milli)
+                * u128::from(*ms)
+                * pue_milli
+                * u128::from(*g)
+        })
+        .sum();
+    Amounts {
+        co2_g: clamp(co2_scaled / (energy_div * 1000)),
+        ..whole
+    }
+}
+
 fn clamp(x: u128) -> u64 {
     u64::try_from(x).unwrap_or(u64::MAX)
 }
@@ -67,6 +92,30 @@ mod tests {
         assert_eq!(a.cost_micro_usd, 2_000_000);
         assert_eq!(a.energy_wh, 600);
         assert_eq!(a.co2_g, 180);
+    }
+
+    #[test]
+    fn an_hour_at_two_intensities_is_charged_half_at_each() {
+        let r = Rates {
+            price_micro_usd_per_hour: 2_000_000,
+            power_watts: 400,
+            pue: 1.5,
+            g_per_kwh: 0,
+        };
+        let a = amounts_integrated(&r, 1000, &[(1_800_000, 100), (1_800_000, 500)]);
+        assert_eq!(a.cost_micro_usd, 2_000_000);
+        assert_eq!(a.energy_wh, 600);
+        // 300 Wh at 100 g/kWh and 300 Wh at 500 g/kWh.
+        assert_eq!(a.co2_g, 30 + 150);
+        // One stretch is the plain rule, to the gram.
+        let one = Rates {
+            g_per_kwh: 300,
+            ..r
+        };
+        assert_eq!(
+            amounts_integrated(&r, 700, &[(5_432_100, 300)]),
+            amounts(&one, 700, 5_432_100)
+        );
     }
 
     #[test]

@@ -47,6 +47,9 @@ pub struct Snapshot {
     /// Deployed services. (Format 5.)
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub services: Vec<meridian_federation::ServiceSpec>,
+    /// Each site's grid intensity over time (see `State::intensity`). (Format 8.)
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub intensity: Vec<(meridian_federation::SiteId, crate::steps::Steps<u32>)>,
 }
 
 fn changed() -> bool {
@@ -85,6 +88,11 @@ impl State {
                 .map(|((t, p), s)| (t.clone(), p.clone(), *s))
                 .collect(),
             services: self.services.values().cloned().collect(),
+            intensity: self
+                .intensity
+                .iter()
+                .map(|(s, l)| (s.clone(), l.clone()))
+                .collect(),
         }
     }
 }

@@ -310,6 +310,35 @@ fn a_format_7_snapshot_plus_the_batches_after_it_is_the_whole_journal() {
     snapshot_plus_the_batches_after_it_is_the_whole_journal(7);
 }
 
+/// Its journal (the format 7 run, and a 3-GPU job on site-b whose grid feed went from 300 to 3,000 gCO2e/kWh
+/// half way through its run) replays to exactly what its broker reported: that job metered at each intensity
+/// for the time it held (5 g for 3 Wh; the intensity at its end would give 10).
+#[test]
+fn a_format_8_journal_replays_to_exactly_what_its_broker_reported_with_carbon_over_the_run() {
+    let batches = batches(8);
+    assert!(batches.iter().all(|b| b.format == 8));
+    let mut r = reactor(8);
+    r.replay_batches(&batches);
+    r.sanity_check().unwrap();
+    let want: Vec<JobView> = serde_json::from_str(&fixture(8, "jobs.json")).unwrap();
+    assert_eq!(want.len(), 15);
+    let across = want
+        .iter()
+        .find(|j| j.name.as_deref() == Some("across"))
+        .expect("the job that ran across the change");
+    assert_eq!((across.metered.energy_wh, across.metered.co2_g), (3, 5));
+    same(
+        &serde_json::to_value(job_views(&r)).unwrap(),
+        &serde_json::to_value(&want).unwrap(),
+        "",
+    );
+}
+
+#[test]
+fn a_format_8_snapshot_plus_the_batches_after_it_is_the_whole_journal() {
+    snapshot_plus_the_batches_after_it_is_the_whole_journal(8);
+}
+
 /// From format 2: the snapshot, restored, plus the batches after it is exactly the state of the whole journal.
 fn snapshot_plus_the_batches_after_it_is_the_whole_journal(format: u32) {
     let batches = batches(format);

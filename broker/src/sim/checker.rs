@@ -189,12 +189,22 @@ pub fn check(fed: &SimFederation, jobs: &[SimJob], schedule: &[ScheduleEntry]) -
             out.cloud_device_hours += milli * hours;
         }
         let mut t = e.start_ms;
+        let mut co2_g = 0.0;
         while t < e.end_ms {
             let step = (HOUR_MS - t % HOUR_MS).min(e.end_ms - t);
             let kwh = power_kw * milli * site.file.pue * step as f64 / HOUR_MS as f64;
             out.energy_kwh += kwh;
-            out.co2_kg += kwh * f64::from(site.intensity_at(t)) / 1000.0;
+            co2_g += kwh * f64::from(site.intensity_at(t));
             t += step;
+        }
+        out.co2_kg += co2_g / 1000.0;
+        // ...and its carbon with the real hourly series over the hours it ran (format 8 meters each hour at its
+        // own intensity).
+        if off(e.metered.co2_g, co2_g) {
+            bad(format!(
+                "metered {} gCO2e, the site's hourly intensities over its run give {co2_g:.0}",
+                e.metered.co2_g
+            ));
         }
         let tenant = out.tenants.entry(spec.tenant.to_string()).or_default();
         tenant.1 += milli * hours;
@@ -414,8 +424,12 @@ mod tests {
         let mut s = good.clone();
         s[0].metered.cost_micro_usd += 10_000;
         assert!(found(&check(&fed, &jobs, &s), "micro-USD"), "cost");
-        let mut s = good;
+        let mut s = good.clone();
         s[0].metered.energy_wh += 5;
         assert!(found(&check(&fed, &jobs, &s), "Wh"), "energy");
+        // Carbon metered at one intensity where the run's hours had others.
+        let mut s = good;
+        s[0].metered.co2_g += 5;
+        assert!(found(&check(&fed, &jobs, &s), "gCO2e"), "carbon");
     }
 }

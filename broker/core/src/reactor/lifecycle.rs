@@ -320,6 +320,14 @@ impl<J: Journal> Reactor<J> {
         let Some(run) = job.runs.iter().find(|r| r.attempt == attempt && !r.metered) else {
             return;
         };
+        // From format 8, carbon over the intensities the site advertised while the attempt ran; before, at the
+        // one in force when it ended (so that older journals replay to what their broker metered).
+        let start = run.started_ms.unwrap_or(run.offered_ms);
+        let log = self
+            .state
+            .intensity
+            .get(&run.site)
+            .filter(|_| self.state.format() >= super::INTEGRATED_FORMAT);
         let amounts = self
             .state
             .sites
@@ -327,7 +335,12 @@ impl<J: Journal> Reactor<J> {
             .and_then(|site| {
                 site.pool(&run.pool).map(|pool| {
                     let rates = site.rates(pool, job.spec.spot, site.info.carbon.g_per_kwh);
-                    metering::amounts(&rates, run.milli, runtime)
+                    match log.map(|l| l.stretches(start, start.saturating_add(runtime))) {
+                        Some(stretches) if !stretches.is_empty() => {
+                            metering::amounts_integrated(&rates, run.milli, &stretches)
+                        }
+                        _ => metering::amounts(&rates, run.milli, runtime),
+                    }
                 })
             })
             .unwrap_or_default();

@@ -100,6 +100,7 @@ impl<J: Journal> Reactor<J> {
             if s.same_shape(&a) {
                 s.refresh(&a, now);
                 self.state.dirty = true;
+                self.log_intensity(now, &id);
                 self.reindex(&id);
                 self.try_pending(now);
                 return;
@@ -114,9 +115,39 @@ impl<J: Journal> Reactor<J> {
             }
         }
         self.state.sites.insert(id.clone(), site);
+        self.log_intensity(now, &id);
         self.reindex(&id);
         self.state.dirty = true;
         self.try_pending(now);
+    }
+
+    /// From format 8: the site's grid intensity from `now` on joins its log. A log that reaches a multiple of
+    /// 64 steps forgets those before the start of the site's oldest attempt that still holds devices there
+    /// (a rule that reads only state, so a restored broker prunes at the same steps).
+    fn log_intensity(&mut self, now: Millis, id: &SiteId) {
+        if self.state.format() < super::INTEGRATED_FORMAT {
+            return;
+        }
+        let Some(g) = self.state.sites.get(id).map(|s| s.info.carbon.g_per_kwh) else {
+            return;
+        };
+        let log = self.state.intensity.entry(id.clone()).or_default();
+        let before = log.len();
+        log.set(now, g);
+        if log.len() == before || !log.len().is_multiple_of(64) {
+            return;
+        }
+        let oldest = self
+            .state
+            .active_jobs()
+            .filter(|j| j.assignment.as_ref().is_some_and(|a| &a.site == id))
+            .filter_map(|j| j.runs.iter().find(|r| r.attempt == j.attempt))
+            .map(|r| r.started_ms.unwrap_or(r.offered_ms).min(r.offered_ms))
+            .min()
+            .unwrap_or(now);
+        if let Some(log) = self.state.intensity.get_mut(id) {
+            log.prune_before(oldest);
+        }
     }
 
     pub(super) fn on_heartbeat(&mut self, now: Millis, h: Heartbeat) {

@@ -31,6 +31,9 @@ pub const SERVICES_FORMAT: u32 = 5;
 pub const SPOT_FORMAT: u32 = 6;
 /// The first durable format with gateway tokens (the `gateway` role).
 pub const GATEWAY_FORMAT: u32 = 6;
+/// The first durable format that meters an attempt's carbon over the intensities its site advertised while it
+/// ran (each site's log of them in state and snapshots), not at the one in force when it ended.
+pub const INTEGRATED_FORMAT: u32 = 8;
 
 use crate::durable::{Batch, FORMAT_VERSION};
 use crate::journal::{Journal, Record};
@@ -347,7 +350,20 @@ impl<J: Journal> Reactor<J> {
                 Response::Job(job)
             }
             Event::UpgradeFormat { to } => {
-                self.state.format = self.state.format().max(to);
+                let from = self.state.format();
+                self.state.format = from.max(to);
+                if from < INTEGRATED_FORMAT && to >= INTEGRATED_FORMAT {
+                    // The logs start from what each site advertises at this moment.
+                    let now_values: Vec<(SiteId, u32)> = self
+                        .state
+                        .sites
+                        .iter()
+                        .map(|(id, s)| (id.clone(), s.info.carbon.g_per_kwh))
+                        .collect();
+                    for (id, g) in now_values {
+                        self.state.intensity.entry(id).or_default().set(now, g);
+                    }
+                }
                 Response::Done
             }
             Event::Archived { jobs } => {
@@ -545,6 +561,7 @@ impl<J: Journal> Reactor<J> {
             .into_iter()
             .map(|s| ((s.tenant.clone(), s.name.clone()), s))
             .collect();
+        st.intensity = snap.intensity.into_iter().collect();
         self.state = st;
         self.refile_all();
     }

@@ -84,6 +84,9 @@ pub struct State {
     /// Deployed services by tenant and name. (Format 5.)
     pub(crate) services:
         BTreeMap<(TenantId, meridian_federation::ServiceName), meridian_federation::ServiceSpec>,
+    /// Each site's grid intensity as it advertised it over time, back to the start of its oldest attempt still
+    /// running: what an attempt's carbon is metered over. (Format 8.)
+    pub(crate) intensity: BTreeMap<SiteId, crate::steps::Steps<u32>>,
     /// Counts changes to `tokens` (not durable): the shell refreshes its table when it moves.
     pub(crate) tokens_generation: u64,
     /// Waiting jobs no pool can run, set aside with the federation's print, their wait and its words (soft

@@ -3,6 +3,8 @@
 
 use super::tenancy::{count, run_all, tenant_job, COHORT};
 use super::*;
+use crate::journal::MemoryJournal;
+use crate::reactor::{CoreConfig, Reactor};
 
 #[test]
 fn the_report_adds_up_to_the_job_records_in_every_breakdown() {
@@ -288,4 +290,113 @@ fn entries(env: &TestEnv) -> Vec<crate::ledger::LedgerEntry> {
         .values()
         .map(crate::ledger::LedgerEntry::of)
         .collect()
+}
+
+/// From format 8, an attempt's carbon is each stretch's energy at the intensity its site advertised for that
+/// stretch: half an hour at 100, an hour at 500 and a quarter hour at 200 g/kWh, for 600 W, come to 360 g (the
+/// intensity when it ended, the rule before, gives 210). A broker restored from a snapshot taken while it ran
+/// meters the same; the log shrinks once nothing running needs its old steps.
+#[test]
+fn an_attempt_spanning_hours_of_different_intensity_is_charged_each_hour_at_its_own() {
+    let advert = |g: u32, generation: u64| {
+        let mut a = site("grid", Tier::Owned, 45.0, -120.0)
+            .gpus("H100", 1, 2.0)
+            .carbon(g)
+            .pue(1.5)
+            .build();
+        a.generation = generation;
+        a
+    };
+    let mut env = TestEnv::new(vec![advert(100, 1)]);
+    let id = env.submit(job("long", 1));
+    let offer = env.take_offers().pop().expect("an offer");
+    env.answer(&offer, OfferOutcome::Accepted);
+    env.status(&offer, AttemptState::Running, 0);
+    let started = env.now;
+    env.now = started + 1_800_000;
+    env.step(Event::Advert(advert(500, 2)));
+    // A broker that restarts from a snapshot here meters the attempt as the live one does.
+    let mut restored = Reactor::new(
+        CoreConfig::default(),
+        RttTable::default(),
+        regions(),
+        MemoryJournal::default(),
+    );
+    restored.restore(
+        crate::durable::decode_snapshot(
+            &crate::durable::encode_snapshot(&env.reactor.state().snapshot(0, 0)).unwrap(),
+        )
+        .unwrap(),
+    );
+    let end = [
+        (started + 5_400_000, Event::Advert(advert(200, 3))),
+        (
+            started + 6_300_000,
+            Event::Status(JobStatus {
+                v: 1,
+                job: id.clone(),
+                attempt: offer.attempt,
+                site: offer.site.clone(),
+                state: AttemptState::Succeeded { exit_code: 0 },
+                at_ms: started + 6_300_000,
+                started_at_ms: None,
+                runtime_ms: Some(6_300_000),
+                checkpoint: None,
+                mark: None,
+            }),
+        ),
+    ];
+    for (at, e) in end {
+        env.now = at;
+        env.step(e.clone());
+        restored.step(at, e).unwrap();
+    }
+    let metered = env.reactor.state().jobs()[&id].metered;
+    assert_eq!(metered.energy_wh, 1_050);
+    assert_eq!(metered.co2_g, 30 + 300 + 30, "{metered:?}");
+    assert_eq!(restored.state().jobs()[&id].metered, metered);
+    assert_eq!(env.reactor.state().intensity[&offer.site].len(), 3);
+    // Nothing runs there now: at its 64th step the log forgets all but the step in force.
+    for g in 0..61u32 {
+        env.now += 1_000;
+        env.step(Event::Advert(advert(300 + g, 4 + u64::from(g))));
+    }
+    assert_eq!(env.reactor.state().intensity[&offer.site].len(), 1);
+}
+
+/// A journal in format 7 meters at the intensity in force when the attempt ended, as its broker did; the
+/// upgrade to format 8 starts each site's log from the intensity it advertises at that moment.
+#[test]
+fn a_format_7_broker_meters_at_the_end_and_its_upgrade_starts_the_logs() {
+    let advert = |g: u32, generation: u64| {
+        let mut a = site("grid", Tier::Owned, 45.0, -120.0)
+            .gpus("H100", 1, 2.0)
+            .carbon(g)
+            .pue(1.5)
+            .build();
+        a.generation = generation;
+        a
+    };
+    let mut env = TestEnv::new(vec![]);
+    env.reactor.restore(crate::snapshot::Snapshot {
+        format: 7,
+        ..env.reactor.state().snapshot(0, 0)
+    });
+    env.step(Event::Advert(advert(100, 1)));
+    assert!(env.reactor.state().intensity.is_empty());
+    let offer = {
+        env.submit(job("old", 1));
+        env.take_offers().pop().expect("an offer")
+    };
+    env.answer(&offer, OfferOutcome::Accepted);
+    env.status(&offer, AttemptState::Running, 0);
+    env.now += 1_800_000;
+    env.step(Event::Advert(advert(500, 2)));
+    env.now += 1_800_000;
+    env.status(&offer, AttemptState::Succeeded { exit_code: 0 }, 3_600_000);
+    // 600 Wh at 500 g/kWh: the end's intensity for the whole hour.
+    assert_eq!(env.reactor.state().jobs()[&offer.job].metered.co2_g, 300);
+    env.step(Event::UpgradeFormat { to: 8 });
+    let log = &env.reactor.state().intensity[&offer.site];
+    assert_eq!(log.stretches(0, 1), [(1, 500)]);
 }

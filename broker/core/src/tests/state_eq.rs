@@ -56,6 +56,9 @@ fn durable_eq(a: &State, b: &State) -> Result<(), String> {
     if a.services != b.services {
         return Err("services".into());
     }
+    if a.intensity != b.intensity {
+        return Err("the sites' intensity logs".into());
+    }
     // The offered set may hold jobs that left that phase until it is pruned; what it holds in it counts.
     let live = |st: &State, set: &std::collections::BTreeSet<JobId>| -> Vec<JobId> {
         set.iter()
