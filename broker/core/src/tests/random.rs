@@ -3,7 +3,8 @@
 //! offers expire), cancels, drains, tenancy changes (one removes a queue that has waiting jobs), scale-in and
 //! resumes. After every step the invariants hold, and a second reactor that replays the journal as it grows —
 //! a broker killed at that point and restarted — has the same state as the live one; a snapshot taken at a
-//! random point, restored and replayed to the end, has it too.
+//! random point, restored and replayed to the end, has it too; and a broker restarted from the journal cut there
+//! sends every unanswered offer again for the same attempt.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use super::state_eq::same;
@@ -406,6 +407,55 @@ fn play(actions: &[Action], cut: usize) {
     after.sanity_check().unwrap();
     if let Err(e) = same(run.live.state(), after.state()) {
         panic!("snapshot at record {cut} plus the rest differs: {e}");
+    }
+    restarted_at(&records[..cut], run.now);
+}
+
+/// A broker killed right after journal record `records.len()` and restarted (replay, then `Resume`): every
+/// offer still unanswered is sent again for the same attempt, and no job that was offered or running gets a new
+/// attempt number (a restart is the same broker: it does not let its own offers expire into second attempts).
+fn restarted_at(records: &[Record], now: Millis) {
+    let mut r = reactor();
+    r.replay(records);
+    let before: BTreeMap<JobId, (JobPhase, u32)> = r
+        .state()
+        .jobs()
+        .iter()
+        .filter(|(_, j)| matches!(j.phase, JobPhase::Offered | JobPhase::Running))
+        .map(|(id, j)| (id.clone(), (j.phase, j.attempt)))
+        .collect();
+    r.take_outbox();
+    let _ = r.step(now, Event::Resume);
+    let resent: BTreeMap<JobId, u32> = r
+        .take_outbox()
+        .into_iter()
+        .filter_map(|c| match c {
+            Command::Offer(o) => Some((o.job, o.attempt)),
+            _ => None,
+        })
+        .collect();
+    let at = records.len();
+    for (id, (phase, attempt)) in &before {
+        let j = &r.state().jobs()[id];
+        assert_eq!(
+            j.attempt, *attempt,
+            "{id}: attempt {attempt} became {} on a restart at record {at}",
+            j.attempt
+        );
+        if *phase == JobPhase::Offered {
+            assert_eq!(
+                resent.get(id),
+                Some(attempt),
+                "{id}: its unanswered offer of attempt {attempt} was not sent again after a restart at record {at}"
+            );
+        }
+    }
+    for (id, attempt) in &resent {
+        assert_eq!(
+            before.get(id),
+            Some(&(JobPhase::Offered, *attempt)),
+            "{id}: attempt {attempt} offered on a restart at record {at} was not an unanswered offer"
+        );
     }
 }
 
