@@ -511,6 +511,11 @@ impl Fed {
     }
 
     pub fn cli(&self, args: &[&str]) -> std::process::Output {
+        self.cli_command(args).output().expect("run meridian")
+    }
+
+    /// The `meridian` command with this federation's access in its environment, not yet run.
+    pub fn cli_command(&self, args: &[&str]) -> std::process::Command {
         let access = self.fed.access();
         let mut cmd =
             std::process::Command::new(local::sibling_binary("meridian").expect("meridian built"));
@@ -527,7 +532,8 @@ impl Fed {
         if let Some(t) = &self.token {
             cmd.env("MERIDIAN_TOKEN", t);
         }
-        cmd.args(args).output().expect("run meridian")
+        cmd.args(args);
+        cmd
     }
 }
 

@@ -455,6 +455,36 @@ fn a_job_runs_for_real_and_reports_its_exit_code() {
     };
     assert!(listed("1h").contains(&failing));
     assert!(listed("2999-01-01").is_empty());
+    // `jobs --watch`: the listing again and again until stopped (a JSON array a line).
+    let mut watch = f
+        .cli_command(&["--output", "json", "jobs", "--watch", "--since", "1h"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = watch.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    for _ in 0..2 {
+        let line = rx.recv_timeout(Duration::from_secs(10)).expect("a listing");
+        let jobs: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert!(jobs
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|j| j["job"] == failing.as_str()));
+    }
+    watch.kill().unwrap();
+    watch.wait().unwrap();
 }
 
 /// (i) nats-server restarts mid-run: agents and broker reconnect and the run completes.

@@ -125,6 +125,9 @@ pub enum ClientCmd {
         /// Submitted before this instant or this long ago (as `--since`).
         #[arg(long, value_parser = parse_since)]
         until: Option<u64>,
+        /// Draw the listing again every 2 s until Ctrl-C (with `--output json`, one JSON array a line).
+        #[arg(long)]
+        watch: bool,
     },
     /// One job, a field a line: its state and why, site and pool, times (UTC), exit code, and its estimated
     /// and metered cost, energy and carbon.
@@ -418,6 +421,7 @@ pub async fn run(cmd: ClientCmd, connect: &ConnectArgs, out: Output) -> anyhow::
             live,
             since,
             until,
+            watch,
         } => {
             let req = meridian_federation::JobListRequest {
                 tenant,
@@ -428,8 +432,27 @@ pub async fn run(cmd: ClientCmd, connect: &ConnectArgs, out: Output) -> anyhow::
                 scope: if live { JobScope::Live } else { JobScope::All },
                 ..Default::default()
             };
-            let jobs = client.jobs_matching(req, limit).await?;
-            print(out, &jobs, |j| render::jobs(j))
+            if !watch {
+                let jobs = client.jobs_matching(req, limit).await?;
+                return print(out, &jobs, |j| render::jobs(j));
+            }
+            loop {
+                let jobs = client.jobs_matching(req.clone(), limit).await?;
+                match out {
+                    Output::Json => outln!("{}", serde_json::to_string(&jobs)?),
+                    _ => {
+                        // Clear the screen, then the listing and when it was read.
+                        out!("\x1b[2J\x1b[H");
+                        outln!(
+                            "{} jobs at {} (every 2 s; Ctrl-C stops)",
+                            jobs.len(),
+                            render::iso(crate::service::now_ms())
+                        );
+                        render::jobs(&jobs);
+                    }
+                }
+                tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+            }
         }
         ClientCmd::Show { job } => {
             let j = client.job(&job).await?;

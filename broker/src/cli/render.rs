@@ -546,7 +546,7 @@ pub fn audit(entries: &[meridian_federation::AuditEntry]) {
 }
 
 /// ISO-8601 UTC to the second (`2026-12-04T22:40:10Z`) of milliseconds since the epoch.
-fn iso(ms: u64) -> String {
+pub fn iso(ms: u64) -> String {
     format!("{}Z", utc(ms).replacen(' ', "T", 1))
 }
 
