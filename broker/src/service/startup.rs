@@ -1,0 +1,512 @@
+//! Start-up: the broker's settings, what it loads (regions, round-trip times, the tenancy file), the lease,
+//! recovery from the journal and snapshot, and the tasks it starts ([`run`]).
+#![allow(clippy::disallowed_methods)] // a shell: reads the clock
+
+use super::*;
+
+/// Settings of `meridian broker`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct BrokerConfig {
+    /// NATS servers, their CA and this broker's identity.
+    #[command(flatten)]
+    pub access: meridian_federation::access::Access,
+    /// This broker's storage identity: the NKey seed its JetStream connection (journal, lease, snapshots,
+    /// archive, ledger, audit) uses, a connection that never answers a request. Default: `<name>-store.nk`
+    /// beside `--creds` (`meridian creds add broker NAME` makes both).
+    #[arg(long, env = "MERIDIAN_STORE_CREDS")]
+    pub store_creds: Option<PathBuf>,
+    /// The HTTP API's certificate (PEM); with `--tls-key`, the API speaks HTTPS.
+    #[arg(long, env = "MERIDIAN_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// The HTTP API certificate's private key (PEM).
+    #[arg(long, env = "MERIDIAN_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// Run without TLS, a NATS identity and API tokens, every caller an administrator: only for measuring
+    /// what security costs on a closed machine. Without it the broker refuses to start unsecured.
+    #[arg(long)]
+    pub insecure: bool,
+    /// Address of the HTTP API (port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    pub http: String,
+    /// Write the HTTP API's bound address to this file once listening.
+    #[arg(long)]
+    pub http_addr_file: Option<PathBuf>,
+    /// A site whose heartbeats stop for this long is declared lost and its jobs are requeued, ms.
+    #[arg(long, default_value_t = 10_000)]
+    pub site_lost_after_ms: u64,
+    /// An offer not answered within this is withdrawn and the next site is tried, ms.
+    #[arg(long, default_value_t = 5_000)]
+    pub offer_timeout_ms: u64,
+    /// Period of the clock that drives timeouts and retries, ms.
+    #[arg(long, default_value_t = 250)]
+    pub tick_ms: u64,
+    /// Residency region as NAME=FILE.geojson; repeatable.
+    #[arg(long = "region", value_parser = parse_region)]
+    pub regions: Vec<(String, PathBuf)>,
+    /// Measured round-trip table (CSV: from_region,to_region,from_id,to_id,rtt_ms).
+    #[arg(long)]
+    pub rtt_table: Option<PathBuf>,
+    /// Relative-throughput table of accelerator models (TOML, see configs/throughput.toml).
+    #[arg(long)]
+    pub throughput: Option<PathBuf>,
+    /// Queues, quotas and priority classes (TOML, see configs/tenancy.toml); without it nothing is limited by
+    /// quota.
+    #[arg(long)]
+    pub tenancy: Option<PathBuf>,
+    /// The administrator's token, for changing the tenancy through the API (admin calls are refused without one).
+    #[arg(long, env = "MERIDIAN_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+    /// Name of this broker in the lease and the journal (default: host name and process id).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Copies JetStream keeps of the journal, snapshots and lease: 1 on one server, 3 on a cluster.
+    #[arg(long, default_value_t = 1)]
+    pub replicas: usize,
+    /// A standby takes over when the active broker has not renewed its lease for this long, ms.
+    #[arg(long, default_value_t = 3_000)]
+    pub lease_ms: u64,
+    /// Journal records between snapshots of broker state.
+    #[arg(long, default_value_t = journal::SNAPSHOT_EVERY)]
+    pub snapshot_every: u64,
+    /// Finished jobs stay in the live state this long, then move to the archive (JetStream), ms.
+    #[arg(long, default_value_t = 600_000)]
+    pub retention_ms: u64,
+    /// API calls per second per tenant (a token bucket; 0 turns the limit off). Administrators are not limited.
+    #[arg(long, default_value_t = 200)]
+    pub tenant_rate: u32,
+    /// Calls a tenant may make at once above its rate.
+    #[arg(long, default_value_t = 400)]
+    pub tenant_burst: u32,
+    /// Messages per second per site: adverts, heartbeats, statuses (0 turns the limit off).
+    #[arg(long, default_value_t = 2_000)]
+    pub site_rate: u32,
+    /// Messages a site may send at once above its rate.
+    #[arg(long, default_value_t = 10_000)]
+    pub site_burst: u32,
+}
+
+impl BrokerConfig {
+    /// How the storage connection reaches NATS: the same servers and CA, under the storage identity.
+    pub fn store_access(&self) -> meridian_federation::access::Access {
+        let mut a = self.access.clone();
+        a.creds = self.store_creds.clone().or_else(|| {
+            let creds = self.access.creds.as_ref()?;
+            let name = self.access.identity()?;
+            Some(creds.with_file_name(format!("{name}-store.nk")))
+        });
+        a
+    }
+}
+
+pub(super) fn parse_region(s: &str) -> Result<(String, PathBuf), String> {
+    let (name, path) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected NAME=FILE, got {s:?}"))?;
+    meridian_federation::ids::check_id(name).map_err(|e| format!("region name {name:?} {e}"))?;
+    Ok((name.to_owned(), PathBuf::from(path)))
+}
+
+pub(super) fn load_regions(cfg: &BrokerConfig) -> anyhow::Result<Regions> {
+    let mut regions = Regions::default();
+    for (name, path) in &cfg.regions {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading region {name} from {}", path.display()))?;
+        let area = parse_geojson(&text)
+            .map_err(|e| anyhow::anyhow!("region {name} ({}): {e}", path.display()))?;
+        regions.insert(name, area);
+    }
+    Ok(regions)
+}
+
+pub(super) fn load_rtt(cfg: &BrokerConfig) -> anyhow::Result<RttTable> {
+    match &cfg.rtt_table {
+        None => Ok(RttTable::default()),
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            RttTable::from_azure_csv(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+        }
+    }
+}
+
+/// What a broker needs to run secured, as one error naming everything missing.
+pub(super) fn check_secured(cfg: &BrokerConfig) -> anyhow::Result<()> {
+    if cfg.insecure {
+        tracing::warn!(
+            "running INSECURE: no TLS, no NATS identity, every API caller is an administrator"
+        );
+        return Ok(());
+    }
+    let mut missing: Vec<String> = Vec::new();
+    if cfg.access.ca.is_none() {
+        missing.push("--ca (MERIDIAN_CA): the CA that signs the NATS servers".into());
+    }
+    if cfg.access.creds.is_none() {
+        missing.push("--creds (MERIDIAN_CREDS): this broker's NKey seed from `meridian creds add broker NAME`".into());
+    } else if let Some(store) = cfg.store_access().creds.filter(|p| !p.exists()) {
+        missing.push(format!(
+            "--store-creds (MERIDIAN_STORE_CREDS): this broker's storage identity ({} does not exist; `meridian creds add broker NAME` makes it)",
+            store.display()
+        ));
+    }
+    if cfg.admin_token.as_deref().is_none_or(str::is_empty) {
+        missing.push("--admin-token (MERIDIAN_ADMIN_TOKEN): the administrator's API token".into());
+    }
+    if cfg.tls_cert.is_none() || cfg.tls_key.is_none() {
+        missing.push("--tls-cert and --tls-key: the HTTP API's certificate".into());
+    }
+    if !missing.is_empty() {
+        anyhow::bail!(
+            "a broker runs secured, and these are missing:\n  {}\n(or pass --insecure, for measurements on a closed machine only)",
+            missing.join("\n  ")
+        );
+    }
+    Ok(())
+}
+
+/// Runs the broker until SIGINT or SIGTERM.
+pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
+    check_secured(&cfg)?;
+    let regions = load_regions(&cfg)?;
+    let rtt = load_rtt(&cfg)?;
+    tracing::info!(
+        "{} residency regions, {} measured round trips",
+        regions.names().count(),
+        rtt.len()
+    );
+    let core = CoreConfig {
+        site_lost_after_ms: cfg.site_lost_after_ms,
+        offer_timeout_ms: cfg.offer_timeout_ms,
+        refusal_cooldown_ms: cfg.offer_timeout_ms.max(2_000) * 2,
+        exhaustive_passes: false,
+    };
+    let throughput = match &cfg.throughput {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            meridian_core::throughput::Throughput::from_toml(&text)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?
+        }
+        None => Default::default(),
+    };
+    let mut reactor =
+        Reactor::new(core, rtt, regions, BufferJournal::default()).with_throughput(throughput);
+    // Whether the broker's own connection is up: sites are not judged by heartbeats it could not hear.
+    let (connected_tx, connected) = tokio::sync::watch::channel(true);
+    // The tenancy file is checked now and applied, as a journaled change, once the journal is replayed.
+    let tenancy_file = match &cfg.tenancy {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            meridian_core::quota::Tenancy::from_toml(&text)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            Some(text)
+        }
+        None => None,
+    };
+    let client = cfg
+        .access
+        .options("meridian broker")?
+        .retry_on_initial_connect()
+        .max_reconnects(None)
+        .event_callback(move |event| {
+            let tx = connected_tx.clone();
+            async move {
+                match event {
+                    async_nats::Event::Connected => {
+                        let _ = tx.send(true);
+                    }
+                    async_nats::Event::Disconnected => {
+                        let _ = tx.send(false);
+                    }
+                    _ => {}
+                }
+                tracing::info!("NATS: {event}");
+            }
+        })
+        .connect(meridian_federation::nats_servers(&cfg.access.nats))
+        .await
+        .with_context(|| format!("connecting to {}", cfg.access.display_url()))?;
+    tracing::info!(
+        "connected to {} as {}",
+        cfg.access.display_url(),
+        cfg.access
+            .identity()
+            .as_deref()
+            .unwrap_or("an anonymous user")
+    );
+    // JetStream over a connection of its own, which answers no request: no reply subject a caller names can
+    // reach the journal, lease, snapshots, archive, ledger or audit (nats-server's permissions say so too).
+    let store_access = cfg.store_access();
+    let store = store_access
+        .options("meridian broker store")?
+        .retry_on_initial_connect()
+        .max_reconnects(None)
+        .connect(meridian_federation::nats_servers(&store_access.nats))
+        .await
+        .with_context(|| format!("connecting to {} for storage", store_access.display_url()))?;
+
+    let name = cfg.name.clone().unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        format!("{}-{}", host.trim(), std::process::id())
+    });
+    let holder = lease::Holder {
+        broker: name.clone(),
+        http: cfg.http.clone(),
+        lease_ms: cfg.lease_ms.max(100),
+    };
+    // Load the state first and keep following the journal while waiting for the lease (a hot standby), so
+    // that taking over costs only the records written since the last look.
+    let loading = std::time::Instant::now();
+    let instance = format!("{name}-{}", now_ms());
+    let mut journal = patiently("the journal", || {
+        journal::JetStreamJournal::open(store.clone(), instance.clone(), cfg.replicas)
+    })
+    .await?;
+    journal.snapshot_every = cfg.snapshot_every.max(1);
+    let recovered = journal.recover_patiently().await?;
+    if let Some((seq, reason)) = journal.unreadable() {
+        tracing::error!("{}", journal::read_only(seq, reason));
+    }
+    let from_snapshot = recovered.snapshot.is_some();
+    if let Some(snap) = recovered.snapshot {
+        reactor.restore(snap);
+    }
+    reactor.replay_batches(&recovered.batches);
+    let mut replayed = records_in(&recovered.batches);
+    let mut batches = recovered.batches.len();
+    drop(recovered.batches);
+    let load_ms = loading.elapsed().as_millis();
+
+    let acquire = patiently("the lease", || {
+        lease::Lease::acquire(store.clone(), &holder, cfg.replicas)
+    });
+    tokio::pin!(acquire);
+    let mut follow = tokio::time::interval(Duration::from_millis(500));
+    let mut lease = loop {
+        tokio::select! {
+            lease = &mut acquire => break lease?,
+            _ = follow.tick() => match journal.catch_up().await {
+                Ok(late) => {
+                    reactor.replay_batches(&late);
+                    replayed += records_in(&late);
+                    batches += late.len();
+                }
+                Err(e) => tracing::warn!("following the journal: {e:#}"),
+            },
+        }
+    };
+    tracing::info!("broker {name} is active");
+    let taking_over = std::time::Instant::now();
+    // Fence out the broker that was active before, and replay what it wrote since the last look.
+    let late = journal.take_over(reactor.state().format()).await?;
+    reactor.replay_batches(&late);
+    if let Some((seq, reason)) = journal.unreadable() {
+        tracing::error!("{}", journal::read_only(seq, reason));
+        if tenancy_file.is_some() {
+            tracing::warn!("the tenancy file is applied at a start with a readable journal");
+        }
+    } else {
+        resume(&mut reactor, &mut journal).await?;
+        apply_tenancy_file(&mut reactor, &mut journal, tenancy_file).await?;
+    }
+    if let Some(e) = &reactor.state().tenancy_toml_error() {
+        tracing::error!(
+            "the journaled tenancy could not be read ({e}); quotas are off until it is set again"
+        );
+    }
+    if let Some(t) = &reactor.tenancy() {
+        tracing::info!(
+            "tenancy: {} queues, {} priority classes, {} budgets",
+            t.queues.len(),
+            t.priorities.len(),
+            t.budgets.len()
+        );
+    }
+    tracing::info!(
+        "recovered {} jobs and {} sites from {}{} journal records ({} batches) in {} ms",
+        reactor.state().jobs().len(),
+        reactor.state().sites().len(),
+        if from_snapshot { "a snapshot and " } else { "" },
+        replayed + records_in(&late),
+        batches,
+        load_ms + taking_over.elapsed().as_millis()
+    );
+
+    // From here on, what steps do is counted for the metrics (replay above counted nothing).
+    reactor.observe();
+    let (tx, rx) = mpsc::unbounded_channel();
+    let archive = patiently("the archive", || {
+        archive::Archive::open(store.clone(), cfg.replicas)
+    })
+    .await?;
+    let audit = patiently("the audit", || {
+        audit::Audit::open(store.clone(), cfg.replicas)
+    })
+    .await?;
+    let (tokens_tx, tokens_rx) = tokio::sync::watch::channel(tokens_of(&reactor));
+    let auth = auth::Auth::new(
+        cfg.insecure,
+        cfg.admin_token.as_deref(),
+        tokens_rx,
+        auth::Rate {
+            per_s: cfg.tenant_rate,
+            burst: cfg.tenant_burst,
+        },
+        auth::Rate {
+            per_s: cfg.site_rate,
+            burst: cfg.site_burst,
+        },
+    );
+    let handle = BrokerHandle {
+        archive: archive.clone(),
+        tx,
+        client: client.clone(),
+        auth: std::sync::Arc::new(auth),
+        audit,
+        metrics: std::sync::Arc::new(metrics::Metrics::new()),
+        traces: meridian_adapters::telemetry::Telemetry::from_env("meridian-broker")
+            .map_err(anyhow::Error::msg)?
+            .map(|t| {
+                tracing::info!("exporting traces over OTLP/HTTP");
+                std::sync::Arc::new(traces::Traces::new(t))
+            }),
+    };
+    let reactor_task = tokio::spawn(reactor_loop(
+        reactor,
+        journal,
+        archive,
+        cfg.retention_ms,
+        rx,
+        connected,
+        handle.clone(),
+        tokens_tx,
+        Duration::from_millis(cfg.tick_ms.max(10)),
+        Duration::from_millis(cfg.offer_timeout_ms),
+    ));
+
+    spawn_site_listener(&handle, SiteTopic::Advert).await?;
+    spawn_site_listener(&handle, SiteTopic::Heartbeat).await?;
+    spawn_site_listener(&handle, SiteTopic::Status).await?;
+    spawn_site_listener(&handle, SiteTopic::Metrics).await?;
+    let api_sub = client.subscribe(subjects::api::ALL).await?;
+    tokio::spawn(api::serve_nats(handle.clone(), api_sub));
+
+    let listener = tokio::net::TcpListener::bind(&cfg.http)
+        .await
+        .with_context(|| format!("binding the HTTP API to {}", cfg.http))?;
+    let addr = listener.local_addr()?;
+    tracing::info!(
+        "HTTP API on {}://{addr}",
+        if cfg.tls_cert.is_some() {
+            "https"
+        } else {
+            "http"
+        }
+    );
+    if let Some(path) = &cfg.http_addr_file {
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, addr.to_string())?;
+        std::fs::rename(&tmp, path)?;
+    }
+    http::serve(listener, handle.clone(), &cfg).await?;
+
+    // Ask agents for their adverts: after a restart the broker knows no sites.
+    let hello = encode(&BrokerHello {
+        v: WIRE_VERSION,
+        sent_at_ms: now_ms(),
+    })?;
+    client
+        .publish(subjects::BROKER_HELLO, Bytes::from(hello))
+        .await?;
+
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut renew = tokio::time::interval(lease.lease / 3);
+    let mut reactor_task = reactor_task;
+    loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => break,
+            _ = sigterm.recv() => break,
+            r = &mut reactor_task => {
+                r??;
+                break;
+            }
+            _ = renew.tick() => {
+                // A renewal retries while NATS is gone: a signal still stops the broker meanwhile.
+                tokio::select! {
+                    renewed = lease.renew() => if let Err(e) = renewed {
+                        tracing::error!("stepping down: {e}");
+                        return Err(e.into());
+                    },
+                    _ = tokio::signal::ctrl_c() => break,
+                    _ = sigterm.recv() => break,
+                }
+            }
+        }
+    }
+    tracing::info!("broker stopping; handing the lease back");
+    // With NATS gone the lease cannot be handed back: it expires by itself, and the broker exits anyway.
+    if tokio::time::timeout(Duration::from_secs(2), lease.release())
+        .await
+        .is_err()
+    {
+        tracing::warn!("the lease could not be handed back; it expires by itself");
+    }
+    Ok(())
+}
+
+/// A tenancy file is applied when it differs from the one last applied at a start: editing the file and
+/// restarting applies it; restarting alone keeps the administrator's changes made through the API.
+pub(super) async fn apply_tenancy_file(
+    reactor: &mut Reactor<BufferJournal>,
+    journal: &mut journal::JetStreamJournal,
+    tenancy_file: Option<String>,
+) -> anyhow::Result<()> {
+    let Some(text) = tenancy_file else {
+        return Ok(());
+    };
+    if reactor.state().tenancy_file_toml() != Some(text.as_str()) {
+        reactor
+            .step(
+                now_ms(),
+                Event::SetTenancy {
+                    toml: text,
+                    from_file: true,
+                },
+            )
+            .map_err(|e| anyhow::anyhow!("tenancy: {e}"))?;
+        journal
+            .store(reactor.state().format(), reactor.journal_mut().take())
+            .await?;
+    }
+    Ok(())
+}
+
+/// The API tokens of the state, for the API front ends.
+pub(super) fn tokens_of(reactor: &Reactor<BufferJournal>) -> auth::Tokens {
+    std::sync::Arc::new(reactor.state().tokens().clone())
+}
+
+pub(super) fn records_in(batches: &[meridian_core::durable::Batch]) -> usize {
+    batches.iter().map(|b| b.records.len()).sum()
+}
+
+/// Retries a start-up step for a minute: a NATS cluster that has just started may not have elected its
+/// JetStream leader yet.
+pub(super) async fn patiently<T, F, Fut>(what: &str, mut f: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<T>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        match f().await {
+            Ok(t) => return Ok(t),
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                tracing::warn!("opening {what}: {e:#}; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(e.context(format!("opening {what}"))),
+        }
+    }
+}
