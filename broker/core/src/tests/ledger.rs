@@ -292,21 +292,24 @@ fn entries(env: &TestEnv) -> Vec<crate::ledger::LedgerEntry> {
         .collect()
 }
 
+/// One H100 drawing 400 W at PUE 1.5 (600 W in all), its grid at `g` gCO2e/kWh, in its `generation`th advert.
+fn grid_advert(g: u32, generation: u64) -> SiteAdvert {
+    let mut a = site("grid", Tier::Owned, 45.0, -120.0)
+        .gpus("H100", 1, 2.0)
+        .carbon(g)
+        .pue(1.5)
+        .build();
+    a.generation = generation;
+    a
+}
+
 /// From format 8, an attempt's carbon is each stretch's energy at the intensity its site advertised for that
 /// stretch: half an hour at 100, an hour at 500 and a quarter hour at 200 g/kWh, for 600 W, come to 360 g (the
 /// intensity when it ended, the rule before, gives 210). A broker restored from a snapshot taken while it ran
 /// meters the same; the log shrinks once nothing running needs its old steps.
 #[test]
 fn an_attempt_spanning_hours_of_different_intensity_is_charged_each_hour_at_its_own() {
-    let advert = |g: u32, generation: u64| {
-        let mut a = site("grid", Tier::Owned, 45.0, -120.0)
-            .gpus("H100", 1, 2.0)
-            .carbon(g)
-            .pue(1.5)
-            .build();
-        a.generation = generation;
-        a
-    };
+    let advert = grid_advert;
     let mut env = TestEnv::new(vec![advert(100, 1)]);
     let id = env.submit(job("long", 1));
     let offer = env.take_offers().pop().expect("an offer");
@@ -368,15 +371,7 @@ fn an_attempt_spanning_hours_of_different_intensity_is_charged_each_hour_at_its_
 /// upgrade to format 8 starts each site's log from the intensity it advertises at that moment.
 #[test]
 fn a_format_7_broker_meters_at_the_end_and_its_upgrade_starts_the_logs() {
-    let advert = |g: u32, generation: u64| {
-        let mut a = site("grid", Tier::Owned, 45.0, -120.0)
-            .gpus("H100", 1, 2.0)
-            .carbon(g)
-            .pue(1.5)
-            .build();
-        a.generation = generation;
-        a
-    };
+    let advert = grid_advert;
     let mut env = TestEnv::new(vec![]);
     env.reactor.restore(crate::snapshot::Snapshot {
         format: 7,

@@ -479,27 +479,30 @@ proptest! {
     }
 }
 
+/// A plain submission of the regression tests: `tenant`'s job of `replicas` × `gpus`, its key `key`.
+fn plain_submission(tenant: usize, gpus: u32, replicas: u32, key: u8) -> Action {
+    Action::Submit(Submission {
+        tenant,
+        gpus,
+        milli: None,
+        replicas,
+        policy: 0,
+        max_wait_s: 0,
+        checkpointable: false,
+        service: false,
+        spot: false,
+        priority: None,
+        deadline_h: None,
+        key,
+    })
+}
+
 /// Found by the random sequences: a preemption in the middle of a pass frees capacity; groups passed over
 /// earlier get another look, but only at their jobs after the one that preempted (a pass that tries every job
 /// had already tried the earlier ones while they were blocked).
 #[test]
 fn a_group_passed_over_is_looked_at_again_only_past_the_job_that_freed_capacity() {
-    let s = |tenant, gpus, replicas, key| {
-        Action::Submit(Submission {
-            tenant,
-            gpus,
-            milli: None,
-            replicas,
-            policy: 0,
-            max_wait_s: 0,
-            checkpointable: false,
-            service: false,
-            spot: false,
-            priority: None,
-            deadline_h: None,
-            key,
-        })
-    };
+    let s = plain_submission;
     let ad = |site, used| Action::Advert {
         site,
         used,
@@ -583,22 +586,7 @@ fn a_spot_job_that_cannot_start_holds_back_no_on_demand_job_of_its_shape() {
 /// came back. A pass that tries every job had set both aside. (The sequence as the random run shrank it.)
 #[test]
 fn a_stale_mark_behind_a_group_s_head_is_settled_in_the_same_pass() {
-    let s = |tenant, gpus, replicas, key| {
-        Action::Submit(Submission {
-            tenant,
-            gpus,
-            milli: None,
-            replicas,
-            policy: 0,
-            max_wait_s: 0,
-            checkpointable: false,
-            service: false,
-            spot: false,
-            priority: None,
-            deadline_h: None,
-            key,
-        })
-    };
+    let s = plain_submission;
     let cloud = Action::Advert {
         site: 3,
         used: 0,
