@@ -32,6 +32,9 @@ pub struct ServingRun {
     /// Demand that found the replicas within the SLO full.
     pub overflow: f64,
     pub scale_events: usize,
+    /// Replicas started: what a user pays for in start-up time and cold caches (a scale event may start many,
+    /// or stop some).
+    pub replica_starts: usize,
     pub peak_replicas: usize,
     /// Problems the independent checker found (0 = capacity, SLO and totals confirmed).
     pub violations: usize,
@@ -285,6 +288,7 @@ pub fn simulate(opts: &SimOptions) -> anyhow::Result<(ServingReport, Vec<(String
             without_replica: round(out.unreached, 0),
             overflow: round(out.overflow, 0),
             scale_events: out.scale_events,
+            replica_starts: out.replicas.len(),
             peak_replicas: out.peak_replicas,
             violations: violations.len(),
         });
@@ -318,8 +322,8 @@ pub fn table(r: &ServingReport) -> String {
     let _ =
         writeln!(
         s,
-        "{:<34} {:>10} {:>11} {:>10} {:>10} {:>8} {:>12} {:>7} {:>6} {:>9} {:>9} {:>9} {:>9} {:>5}",
-        "RUN", "REPL-H", "COST USD", "KWH", "KGCO2E", "SLO", "NO REPLICA", "EVENTS", "PEAK",
+        "{:<34} {:>10} {:>11} {:>10} {:>10} {:>8} {:>12} {:>7} {:>7} {:>6} {:>9} {:>9} {:>9} {:>9} {:>5}",
+        "RUN", "REPL-H", "COST USD", "KWH", "KGCO2E", "SLO", "NO REPLICA", "EVENTS", "STARTS", "PEAK",
         "$/STATIC", "CO2/STAT", "$/SKY", "CO2/SKY", "VIOL"
     );
     let ratio = |a: f64, b: Option<f64>| match b {
@@ -329,7 +333,7 @@ pub fn table(r: &ServingReport) -> String {
     for x in &r.runs {
         let _ = writeln!(
             s,
-            "{:<34} {:>10.1} {:>11.2} {:>10.1} {:>10.2} {:>8.4} {:>12.0} {:>7} {:>6} {:>9} {:>9} {:>9} {:>9} {:>5}",
+            "{:<34} {:>10.1} {:>11.2} {:>10.1} {:>10.2} {:>8.4} {:>12.0} {:>7} {:>7} {:>6} {:>9} {:>9} {:>9} {:>9} {:>5}",
             x.policy,
             x.replica_hours,
             x.cost_usd,
@@ -338,6 +342,7 @@ pub fn table(r: &ServingReport) -> String {
             x.slo_attainment,
             x.without_replica,
             x.scale_events,
+            x.replica_starts,
             x.peak_replicas,
             ratio(x.cost_usd, stat.map(|v| v.cost_usd)),
             ratio(x.co2_kg, stat.map(|v| v.co2_kg)),
