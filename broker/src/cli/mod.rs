@@ -236,62 +236,52 @@ async fn run_bench(what: BenchCmd, out: Output) -> anyhow::Result<bool> {
     }
 }
 
+/// The `meridian …` commands of the shell blocks of a Markdown file, each with where it is (`FILE:LINE`):
+/// continuation lines joined, the comment after `  #` dropped, `A | meridian B` taken as two commands, and each
+/// without its leading `meridian`. A line with `[…]` (optional parts) or `a|b` (alternatives) is a summary, not a
+/// command, and is left out. (The tests parse and run what the README and docs/ show.)
+pub fn documented_commands(file: &std::path::Path) -> std::io::Result<Vec<(String, String)>> {
+    let text = std::fs::read_to_string(file)?;
+    let mut out = Vec::new();
+    let mut code = false;
+    let mut pending = String::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.starts_with("```") {
+            code = !code;
+            continue;
+        }
+        if !code || (pending.is_empty() && !line.trim_start().starts_with("meridian ")) {
+            continue;
+        }
+        let line = match line.find("  #") {
+            Some(c) => &line[..c],
+            None => line,
+        };
+        pending.push_str(line.trim());
+        if let Some(rest) = pending.strip_suffix('\\') {
+            pending = format!("{} ", rest.trim_end());
+            continue;
+        }
+        let at = format!("{}:{}", file.display(), i + 1);
+        for cmd in std::mem::take(&mut pending).split(" | meridian ") {
+            let cmd = cmd.trim().trim_start_matches("meridian ").to_owned();
+            let summary = cmd.contains('[')
+                || cmd
+                    .split_whitespace()
+                    .any(|w| w.contains('|') && !w.starts_with('\''));
+            if !summary {
+                out.push((at.clone(), cmd));
+            }
+        }
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod doc_tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::Cli;
     use clap::Parser;
-
-    /// The `meridian …` lines of the shell blocks of the README and docs/, each with where it is: continuation
-    /// lines joined, the comment after `#` dropped, `A | meridian B` taken as two commands. A line with `[…]`
-    /// (optional parts) or `a|b` (alternatives) is a summary, not a command, and is left out.
-    fn documented_commands() -> Vec<(String, String)> {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let mut files = vec![root.join("README.md")];
-        let mut docs: Vec<_> = std::fs::read_dir(root.join("docs"))
-            .expect("docs/")
-            .map(|e| e.unwrap().path())
-            .filter(|p| p.extension().is_some_and(|e| e == "md"))
-            .collect();
-        docs.sort();
-        files.extend(docs);
-        let mut out = Vec::new();
-        for f in files {
-            let text = std::fs::read_to_string(&f).unwrap();
-            let mut code = false;
-            let mut pending = String::new();
-            for (i, line) in text.lines().enumerate() {
-                if line.starts_with("```") {
-                    code = !code;
-                    continue;
-                }
-                if !code || (pending.is_empty() && !line.trim_start().starts_with("meridian ")) {
-                    continue;
-                }
-                let line = match line.find("  #") {
-                    Some(c) => &line[..c],
-                    None => line,
-                };
-                pending.push_str(line.trim());
-                if let Some(rest) = pending.strip_suffix('\\') {
-                    pending = format!("{} ", rest.trim_end());
-                    continue;
-                }
-                let at = format!("{}:{}", f.display(), i + 1);
-                for cmd in std::mem::take(&mut pending).split(" | meridian ") {
-                    let cmd = cmd.trim().trim_start_matches("meridian ").to_owned();
-                    let summary = cmd.contains('[')
-                        || cmd
-                            .split_whitespace()
-                            .any(|w| w.contains('|') && !w.starts_with('\''));
-                    if !summary {
-                        out.push((at.clone(), cmd));
-                    }
-                }
-            }
-        }
-        out
-    }
 
     /// `meridian completions bash` is a script bash reads without a syntax error, and it completes the commands.
     #[test]
@@ -323,7 +313,19 @@ mod doc_tests {
     /// Every command the README and docs/ show parses as the CLI has it: no flag or command that does not exist.
     #[test]
     fn every_documented_command_parses() {
-        let commands = documented_commands();
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut files = vec![root.join("README.md")];
+        let mut docs: Vec<_> = std::fs::read_dir(root.join("docs"))
+            .expect("docs/")
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "md"))
+            .collect();
+        docs.sort();
+        files.extend(docs);
+        let commands: Vec<(String, String)> = files
+            .iter()
+            .flat_map(|f| super::documented_commands(f).unwrap())
+            .collect();
         assert!(commands.len() >= 15, "{commands:?}");
         for (at, cmd) in commands {
             let words = shlex::split(&cmd).unwrap_or_else(|| panic!("{at}: unquoted {cmd:?}"));
