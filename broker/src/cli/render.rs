@@ -20,6 +20,33 @@ pub fn print<T: Serialize>(
     Ok(true)
 }
 
+/// Whether tables are coloured: on a terminal, unless `NO_COLOR` is set (any value) or the terminal is dumb.
+fn colour() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        use std::io::IsTerminal;
+        std::io::stdout().is_terminal()
+            && std::env::var_os("NO_COLOR").is_none()
+            && std::env::var("TERM").map_or(true, |t| t != "dumb")
+    })
+}
+
+/// `text` in the colour of a job's state (green done, red failed, yellow waiting, cyan under way) when `on`.
+fn painted(text: &str, phase: meridian_federation::JobPhase, on: bool) -> String {
+    use meridian_federation::JobPhase as P;
+    let code = match phase {
+        P::Succeeded => "32",
+        P::Failed => "31",
+        P::Pending => "33",
+        P::Offered | P::Running => "36",
+        _ => "2",
+    };
+    match on {
+        true => format!("\x1b[{code}m{text}\x1b[0m"),
+        false => text.to_owned(),
+    }
+}
+
 pub fn jobs(jobs: &[JobView]) {
     outln!(
         "{:<9} {:<20} {:<10} {:<10} {:<16} {:>3}  WHY",
@@ -32,11 +59,12 @@ pub fn jobs(jobs: &[JobView]) {
     );
     for j in jobs {
         outln!(
-            "{:<9} {:<20} {:<10} {:<10} {:<16} {:>3}  {}",
+            "{:<9} {:<20} {:<10} {} {:<16} {:>3}  {}",
             j.job.as_str(),
             j.name.clone().unwrap_or_default(),
             j.kind.as_str(),
-            j.phase.as_str(),
+            // Padded first, so that the colour's codes do not count in the column's width.
+            painted(&format!("{:<10}", j.phase.as_str()), j.phase, colour()),
             j.site.as_ref().map(|s| s.as_str()).unwrap_or("-"),
             j.attempt,
             j.why
@@ -47,6 +75,10 @@ pub fn jobs(jobs: &[JobView]) {
 /// One job, a field a line (`meridian show`).
 pub fn job(j: &JobView) {
     for (k, v) in job_fields(j) {
+        let v = match k {
+            "state" => painted(&v, j.phase, colour()),
+            _ => v,
+        };
         outln!("{k:<10} {v}");
     }
 }
@@ -776,6 +808,17 @@ mod tests {
         // No column when no candidate moves data.
         let plain = candidate_lines(&[c("a", 1, 0, true)]);
         assert!(!plain[0].contains("DATA"), "{plain:?}");
+    }
+
+    #[test]
+    fn a_state_is_coloured_only_when_asked() {
+        use meridian_federation::JobPhase;
+        assert_eq!(painted("failed", JobPhase::Failed, false), "failed");
+        assert_eq!(
+            painted("failed", JobPhase::Failed, true),
+            "\x1b[31mfailed\x1b[0m"
+        );
+        assert!(painted("succeeded", JobPhase::Succeeded, true).starts_with("\x1b[32m"));
     }
 
     #[test]
