@@ -107,15 +107,17 @@ impl<J: Journal> Reactor<J> {
             // this one's now: a mark from before the federation or the tenancy changed is stale (a job still
             // filed as waiting whose demand holds back another queue's borrowing, or one still set aside that
             // files no demand), and a pass that tried every job would settle it. Each such try settles one mark.
-            let mark = self.state.jobs.get(&id).map(|j| j.unsatisfiable);
-            let stale_next = self
-                .state
-                .waiting
-                .next_in(g, Some(&id), stamp)
-                .filter(|n| self.state.jobs.get(n).map(|j| j.unsatisfiable) != mark);
-            match tried.blocked.filter(|_| {
-                !self.config.exhaustive_passes && !newly_unsatisfiable && stale_next.is_none()
-            }) {
+            let stale_next = || {
+                let mark = self.state.jobs.get(&id).map(|j| j.unsatisfiable);
+                self.state
+                    .waiting
+                    .next_in(g, Some(&id), stamp)
+                    .is_some_and(|n| self.state.jobs.get(&n).map(|j| j.unsatisfiable) != mark)
+            };
+            match tried
+                .blocked
+                .filter(|_| !self.config.exhaustive_passes && !newly_unsatisfiable && !stale_next())
+            {
                 Some(by_quota) => held.push((g, key, id, by_quota)),
                 None => {
                     if let Some(next) = self.state.waiting.next_in(g, Some(&id), stamp) {
