@@ -145,14 +145,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<bool> {
         Cmd::Creds { dir, what } => creds::run(what, &dir),
         Cmd::Client(cmd) => client::run(cmd, &cli.connect, out).await,
         Cmd::Completions { shell } => {
-            let mut script = Vec::new();
-            clap_complete::generate(
-                shell,
-                &mut <Cli as clap::CommandFactory>::command(),
-                "meridian",
-                &mut script,
-            );
-            out!("{}", String::from_utf8_lossy(&script));
+            out!("{}", completion_script(shell));
             Ok(true)
         }
     }
@@ -236,6 +229,18 @@ async fn run_bench(what: BenchCmd, out: Output) -> anyhow::Result<bool> {
     }
 }
 
+/// `meridian completions SHELL`: the script that completes meridian's commands and flags in that shell.
+pub fn completion_script(shell: clap_complete::Shell) -> String {
+    let mut script = Vec::new();
+    clap_complete::generate(
+        shell,
+        &mut <Cli as clap::CommandFactory>::command(),
+        "meridian",
+        &mut script,
+    );
+    String::from_utf8_lossy(&script).into_owned()
+}
+
 /// The `meridian …` commands of the shell blocks of a Markdown file, each with where it is (`FILE:LINE`):
 /// continuation lines joined, the comment after `  #` dropped, `A | meridian B` taken as two commands, and each
 /// without its leading `meridian`. A line with `[…]` (optional parts) or `a|b` (alternatives) is a summary, not a
@@ -286,14 +291,7 @@ mod doc_tests {
     /// `meridian completions bash` is a script bash reads without a syntax error, and it completes the commands.
     #[test]
     fn the_bash_completion_script_is_valid_bash() {
-        let mut script = Vec::new();
-        clap_complete::generate(
-            clap_complete::Shell::Bash,
-            &mut <Cli as clap::CommandFactory>::command(),
-            "meridian",
-            &mut script,
-        );
-        let text = String::from_utf8(script).unwrap();
+        let text = super::completion_script(clap_complete::Shell::Bash);
         assert!(text.contains("submit") && text.contains("--state-dir"));
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("meridian.bash");

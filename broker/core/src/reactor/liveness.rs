@@ -142,7 +142,8 @@ impl<J: Journal> Reactor<J> {
             .active_jobs()
             .filter(|j| j.assignment.as_ref().is_some_and(|a| &a.site == id))
             .filter_map(|j| j.runs.iter().find(|r| r.attempt == j.attempt))
-            .map(|r| r.started_ms.unwrap_or(r.offered_ms).min(r.offered_ms))
+            // An attempt is metered from its start, never before its offer.
+            .map(|r| r.offered_ms)
             .min()
             .unwrap_or(now);
         if let Some(log) = self.state.intensity.get_mut(id) {

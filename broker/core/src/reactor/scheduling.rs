@@ -396,14 +396,8 @@ impl<J: Journal> Reactor<J> {
         }
         let capped = self.capped_pools(job, &mut None);
         let decision = self.placement_in(self.view_with(!all), job, now, &capped);
-        if job.phase == JobPhase::Pending {
-            return Some(crate::views::explain_with(job, Some(&decision)));
-        }
-        let mut v = crate::views::explain_view(job);
-        let now_view = crate::views::explain_with(job, Some(&decision));
-        v.candidates = now_view.candidates;
-        v.pruned = now_view.pruned;
-        v.every_site_now = true;
+        let mut v = crate::views::explain_with(job, Some(&decision));
+        v.every_site_now = job.phase != JobPhase::Pending;
         Some(v)
     }
 
