@@ -169,6 +169,14 @@ impl Client {
         self.call(api::HISTORY, &req).await
     }
 
+    /// The live work by queue, site and users' place, with each queue's first waiting jobs.
+    pub async fn queues(
+        &self,
+        req: &meridian_federation::QueuesRequest,
+    ) -> anyhow::Result<meridian_federation::QueuesView> {
+        self.call(api::QUEUES, req).await
+    }
+
     /// One page of jobs.
     pub async fn jobs_page(
         &self,

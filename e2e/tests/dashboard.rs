@@ -131,6 +131,39 @@ impl Browser {
         self.session_call("POST", &format!("/element/{element}/click"), None);
     }
 
+    /// Makes the window this size (a taller window shows more of the page in a screenshot).
+    fn resize(&self, width: u32, height: u32) {
+        self.session_call(
+            "POST",
+            "/window/rect",
+            Some(json!({ "width": width, "height": height })),
+        );
+    }
+
+    /// Types `text` into an input.
+    fn type_text(&self, element: &str, text: &str) {
+        self.session_call(
+            "POST",
+            &format!("/element/{element}/value"),
+            Some(json!({ "text": text })),
+        );
+    }
+
+    /// An element's box on the page: x, y, width, height.
+    fn rect(&self, element: &str) -> (f64, f64, f64, f64) {
+        let v = self.session_call("GET", &format!("/element/{element}/rect"), None);
+        let n = |k: &str| v["value"][k].as_f64().unwrap_or(f64::NAN);
+        (n("x"), n("y"), n("width"), n("height"))
+    }
+
+    /// The text of the first element that matches, or "" when none does.
+    fn first_text(&self, css: &str) -> String {
+        self.find_all(css)
+            .first()
+            .map(|e| self.text(e))
+            .unwrap_or_default()
+    }
+
     /// Waits until `check` holds, saying what it waited for.
     fn wait(&self, what: &str, mut check: impl FnMut() -> bool) {
         let until = Instant::now() + LONG;
@@ -343,10 +376,11 @@ fn the_dashboard_shows_sites_jobs_and_a_jobs_page_in_a_real_browser() {
             .collect();
         ids.is_subset(&in_table)
     });
+    let london_site = f.job(&running[0])["site"].as_str().unwrap().to_owned();
     b.wait("the London job's flow", || {
         b.find_all("path.flow")
             .iter()
-            .any(|e| b.attr(e, "data-job") == running[0])
+            .any(|e| b.attr(e, "data-site") == london_site)
     });
     let queue = b.find_all("tr[data-queue='e2e']");
     assert_eq!(queue.len(), 1);
@@ -388,5 +422,221 @@ fn the_dashboard_shows_sites_jobs_and_a_jobs_page_in_a_real_browser() {
         in_table.len(),
         shots.join("dashboard.png").display(),
         shots.join("dashboard-job.png").display()
+    );
+}
+
+/// The dashboard at scale: 10,000 waiting jobs beside running work and a service. The queue counts and the map
+/// come from the broker's counts over every live job (not a page of them); the table pages newest first and is
+/// filtered by the broker; nearby sites' labels do not overlap; a site's page and the services view show what
+/// they should.
+#[test]
+fn the_dashboard_counts_pages_and_maps_ten_thousand_jobs() {
+    const BULK: usize = 10_000;
+    const CLIENTS: usize = 32;
+    // Three sites within a few hundred kilometres (the labels must not overlap), two far away.
+    let sites = [
+        SiteSpec {
+            lat: 38.9,
+            lon: -77.0,
+            ..SiteSpec::new("dc-virginia", "owned", "A100", 4, 1.0)
+        },
+        SiteSpec {
+            lat: 39.04,
+            lon: -77.49,
+            ..SiteSpec::new("dc-ashburn", "owned", "A100", 4, 1.2)
+        },
+        SiteSpec {
+            lat: 40.71,
+            lon: -74.0,
+            edge: true,
+            ..SiteSpec::new("edge-nyc", "owned", "A100", 2, 1.8)
+        },
+        SiteSpec {
+            lat: 45.6,
+            lon: -121.2,
+            carbon: 80,
+            ..SiteSpec::new("dc-oregon", "owned", "H100", 8, 2.0)
+        },
+        SiteSpec {
+            lat: 48.86,
+            lon: 2.35,
+            carbon: 50,
+            ..SiteSpec::new("eu-paris", "partner", "A100", 2, 1.5)
+        },
+    ];
+    let f = Fed::generated(&sites, "");
+    let viewer = f.create_token(None, &["viewer"]);
+
+    // A service with one replica at least.
+    let service = json!({
+        "name": "chat", "tenant": "acme", "resources": {"kind": "gpu", "count": 1},
+        "throughput": {"requests_per_s": 10.0}, "slo_ms": 30, "min_replicas": 1, "max_replicas": 2,
+        "policy": "cost", "run": {"command": "sleep 600"}
+    });
+    let (status, v) = f.post("/v1/services", service.to_string().as_bytes());
+    assert_eq!(status, 200, "{v}");
+
+    // 10,000 one-GPU jobs from users in London, submitted by 32 clients at once: some run, the rest wait
+    // for capacity.
+    let started = Instant::now();
+    std::thread::scope(|scope| {
+        for t in 0..CLIENTS {
+            let f = &f;
+            scope.spawn(move || {
+                for i in (t..BULK).step_by(CLIENTS) {
+                    let mut j = job(&format!("bulk-{i:05}"), 1, "sleep 600");
+                    j["tenant"] = json!("bulk");
+                    j["users"] = json!([{"location": {"lat": 51.5, "lon": -0.12}}]);
+                    f.submit(&j);
+                }
+            });
+        }
+    });
+    println!("{BULK} jobs submitted in {:?}", started.elapsed());
+    let marker = f.submit(&job("needle-in-the-haystack", 1, "sleep 600"));
+
+    // What the broker counts, over every live job.
+    let as_viewer = f.with_token(Some(&viewer));
+    let mut counts = (0, 0);
+    f.wait_until("the bulk queue's jobs all counted", LONG, || {
+        let (status, v) = as_viewer.get("/v1/queues?head=3");
+        assert_eq!(status, 200, "{v}");
+        let q = v["ok"]["queues"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|q| q["queue"] == "bulk")
+            .cloned()
+            .unwrap_or(Value::Null);
+        let n = |k: &str| q[k].as_u64().unwrap_or(0);
+        counts = (n("running") + n("offered"), n("pending"));
+        counts.0 + counts.1 == BULK as u64 && n("offered") == 0 && counts.0 > 0
+    });
+    let (running_bulk, pending_bulk) = counts;
+    // Newest first, from the API: the marker, then the last bulk jobs.
+    let (_, page) = as_viewer.get("/v1/jobs?scope=live&newest_first=true&limit=2");
+    assert_eq!(page["ok"]["jobs"][0]["job"], marker.as_str(), "{page}");
+
+    let scratch = tempfile::tempdir().unwrap();
+    let home = scratch.path().join("home");
+    trust_ca(&home, &f.ca().expect("a CA"));
+    let b = Browser::start(&home, &scratch.path().join("profile"));
+    b.goto(&format!("{}/#token={viewer}", f.http()));
+    let cells = |css: &str| -> Vec<String> {
+        b.find_all(&format!("{css} td"))
+            .iter()
+            .map(|e| b.text(e))
+            .collect()
+    };
+    let want = [
+        "bulk".to_owned(),
+        running_bulk.to_string(),
+        pending_bulk.to_string(),
+    ];
+    b.wait("the bulk queue's counts", || {
+        cells("tr[data-queue='bulk']").get(..3) == Some(&want[..])
+    });
+    let (_, v) = as_viewer.get("/v1/queues?head=0");
+    let live: u64 = v["ok"]["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|q| {
+            ["running", "offered", "pending"]
+                .iter()
+                .map(|k| q[*k].as_u64().unwrap())
+                .sum::<u64>()
+        })
+        .sum();
+    assert!(live > BULK as u64, "{v}");
+    b.wait("the count of every live job", || {
+        b.first_text("#live-count") == format!("{live} live jobs")
+    });
+    // The map's flows come from the counts: one line from London per site the bulk runs at, as many jobs as run.
+    let mut flowing = 0u64;
+    b.wait("the flows from London", || {
+        flowing = b
+            .find_all("path.flow")
+            .iter()
+            .map(|e| b.attr(e, "data-jobs").parse::<u64>().unwrap_or(0))
+            .sum();
+        flowing == running_bulk
+    });
+    // No two site labels overlap, nor does a label cover another site's circle.
+    let labels: Vec<(String, (f64, f64, f64, f64))> = b
+        .find_all("text.site-label")
+        .iter()
+        .map(|e| (b.attr(e, "data-label"), b.rect(e)))
+        .collect();
+    assert_eq!(labels.len(), sites.len());
+    let overlap = |a: (f64, f64, f64, f64), b: (f64, f64, f64, f64)| {
+        a.0 < b.0 + b.2 && b.0 < a.0 + a.2 && a.1 < b.1 + b.3 && b.1 < a.1 + a.3
+    };
+    for (i, (na, ra)) in labels.iter().enumerate() {
+        assert!(ra.2 > 0.0 && ra.3 > 0.0, "{na} has no box: {ra:?}");
+        for (nb, rb) in &labels[i + 1..] {
+            assert!(
+                !overlap(*ra, *rb),
+                "labels {na} {ra:?} and {nb} {rb:?} overlap"
+            );
+        }
+    }
+    // The table: a page of 50, newest first; the next page goes on where it ended; a search finds one job.
+    let page_ids = |b: &Browser| -> Vec<String> {
+        b.find_all("#jobs tr[data-job]")
+            .iter()
+            .map(|e| b.attr(e, "data-job"))
+            .collect()
+    };
+    let mut first = Vec::new();
+    b.wait("the first page, newest first", || {
+        first = page_ids(&b);
+        first.len() == 50 && first[0] == marker
+    });
+    assert!(first.windows(2).all(|w| w[0] > w[1]), "{first:?}");
+    b.resize(1400, 2400);
+    b.wait("the services' rows", || {
+        !b.find_all("tr[data-service]").is_empty()
+    });
+    b.screenshot(&Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard-10k.png"));
+    b.click(&b.find_all("#older")[0]);
+    let mut second = Vec::new();
+    b.wait("the second page", || {
+        second = page_ids(&b);
+        second.len() == 50 && second[0] < first[49]
+    });
+    assert!(
+        b.first_text("#page-no").starts_with("51"),
+        "{}",
+        b.first_text("#page-no")
+    );
+    b.click(&b.find_all("#newer")[0]);
+    b.wait("the first page again", || {
+        page_ids(&b).first() == Some(&marker)
+    });
+    b.type_text(&b.find_all("#filter-text")[0], "needle");
+    b.wait("the search's one job", || page_ids(&b) == [marker.clone()]);
+
+    // The services view.
+    b.wait("the service's row", || {
+        let row = b.first_text("tr[data-service='chat']");
+        row.contains("acme") && row.contains("healthy")
+    });
+
+    // A site's page: pools, the carbon chart and its live jobs.
+    let site = "dc-oregon";
+    b.goto(&format!("{}/#/site/{site}", f.http()));
+    b.wait("the site's page", || {
+        b.find_all(&format!("#site-page[data-site='{site}']")).len() == 1
+    });
+    assert_eq!(b.find_all("tr[data-pool]").len(), 1);
+    assert_eq!(b.find_all("#carbon-chart path.carbon-past").len(), 1);
+    b.wait("the site's running jobs", || {
+        !b.find_all("#site-page ~ section tr[data-job]").is_empty()
+    });
+    b.screenshot(&Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard-site.png"));
+    println!(
+        "bulk: {running_bulk} running, {pending_bulk} pending; {flowing} jobs on the map's flows; screenshots in {}",
+        env!("CARGO_TARGET_TMPDIR")
     );
 }

@@ -1612,8 +1612,9 @@ pub enum JobScope {
     Archived,
 }
 
-/// List jobs a page at a time: live jobs by id, then archived jobs in the order they were archived. Every filter
-/// is optional; `cursor` is the `next` of the page before.
+/// List jobs a page at a time: live jobs by id, then archived jobs in the order they were archived (with
+/// `newest_first`, live jobs newest first, then archived jobs the most recently archived first). Every filter is
+/// optional; `cursor` is the `next` of the page before.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct JobListRequest {
@@ -1638,6 +1639,38 @@ pub struct JobListRequest {
     /// Submitted before.
     #[serde(default)]
     pub to_ms: Option<u64>,
+    /// Newest first (a person's order); oldest first by default (a program's order, stable while jobs arrive).
+    #[serde(default)]
+    pub newest_first: bool,
+    /// Only jobs whose id, name or `why` holds this text (case-insensitive).
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+impl JobListRequest {
+    /// Whether a job of this tenant, state, site, submission time, id, name and `why` passes the filters.
+    pub fn passes(&self, v: &JobView) -> bool {
+        self.tenant.as_ref().is_none_or(|t| t == &v.tenant)
+            && self.state.is_none_or(|p| p == v.phase)
+            && self
+                .site
+                .as_ref()
+                .is_none_or(|s| v.site.as_ref() == Some(s))
+            && self.from_ms.is_none_or(|f| v.submitted_at_ms >= f)
+            && self.to_ms.is_none_or(|t| v.submitted_at_ms < t)
+            && self.text_matches(v.job.as_str(), v.name.as_deref(), &v.why)
+    }
+
+    /// Whether the text filter (if any) is in the id, the name or `why`.
+    pub fn text_matches(&self, id: &str, name: Option<&str>, why: &str) -> bool {
+        let Some(t) = self.text.as_deref().filter(|t| !t.is_empty()) else {
+            return true;
+        };
+        let t = t.to_lowercase();
+        [id, name.unwrap_or_default(), why]
+            .iter()
+            .any(|s| s.to_lowercase().contains(&t))
+    }
 }
 
 impl Default for JobListRequest {
@@ -1653,6 +1686,8 @@ impl Default for JobListRequest {
             site: None,
             from_ms: None,
             to_ms: None,
+            newest_first: false,
+            text: None,
         }
     }
 }
@@ -1713,6 +1748,92 @@ pub struct JobView {
     pub users: Vec<GeoPoint>,
 }
 
+/// The live work by queue: what `meridian queue` and the dashboard's queues and map read, counted over every live
+/// job the caller may see (not a page of them).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueuesRequest {
+    #[serde(default = "v1")]
+    pub v: u32,
+    /// Only this queue (a job that names no queue is counted under its tenant's name).
+    #[serde(default)]
+    pub queue: Option<String>,
+    #[serde(default)]
+    pub tenant: Option<TenantId>,
+    /// How many waiting jobs of each queue to list, in the order they are tried (default 10, at most
+    /// [`MAX_PAGE`]).
+    #[serde(default)]
+    pub head: Option<u32>,
+}
+
+impl Default for QueuesRequest {
+    fn default() -> Self {
+        QueuesRequest {
+            v: crate::WIRE_VERSION,
+            queue: None,
+            tenant: None,
+            head: None,
+        }
+    }
+}
+
+/// The live work by queue, by site and by where its users are.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct QueuesView {
+    pub queues: Vec<QueueView>,
+    /// Running and offered jobs per site (sites with none left out).
+    pub sites: Vec<SiteLoadView>,
+    /// Running and offered jobs from their users' places to their sites, one line per place and site.
+    pub flows: Vec<FlowView>,
+}
+
+/// One queue's live jobs.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct QueueView {
+    /// The queue the jobs name, or their tenant's name for jobs that name none.
+    pub queue: String,
+    pub running: u64,
+    pub offered: u64,
+    pub pending: u64,
+    /// Pending jobs by why they wait (the labels of `JobView::wait_reason`).
+    pub reasons: std::collections::BTreeMap<String, u64>,
+    /// The first waiting jobs, in the order the queue's jobs are tried: higher priority first, then oldest.
+    pub waiting: Vec<QueuedJobView>,
+}
+
+/// A waiting job and its place in its queue.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct QueuedJobView {
+    /// 1 is tried first.
+    pub position: u64,
+    pub job: JobId,
+    pub tenant: TenantId,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub priority: i32,
+    /// Devices it asks for in all (milli-devices: 4 GPUs are 4000).
+    pub milli: u64,
+    pub submitted_at_ms: u64,
+    pub wait_reason: String,
+    pub why: String,
+}
+
+/// Running and offered jobs at one site.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SiteLoadView {
+    pub site: SiteId,
+    pub running: u64,
+    pub offered: u64,
+}
+
+/// Running and offered jobs whose users are at `from`, at `site`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FlowView {
+    pub from: GeoPoint,
+    pub site: SiteId,
+    pub jobs: u64,
+}
+
 /// One site as the API shows it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SiteView {
@@ -1730,6 +1851,16 @@ pub struct SiteView {
     /// How the site runs its work (absent for agents of earlier releases).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend: Option<BackendKind>,
+    /// The hourly grid-carbon forecast the site advertises (gCO2e/kWh, the first hour from
+    /// `carbon_forecast_start_ms`), if any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub carbon_forecast: Vec<u32>,
+    #[serde(default)]
+    pub carbon_forecast_start_ms: u64,
+    /// The intensities the broker keeps to meter the work running there, as `[from_ms, gCO2e/kWh]` steps,
+    /// oldest first (back to the start of the oldest attempt still running there).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub carbon_history: Vec<(u64, u32)>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

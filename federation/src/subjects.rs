@@ -111,6 +111,9 @@ pub mod api {
     pub const SUBMIT: &str = "jobs.submit";
     /// [`crate::JobListRequest`] → [`crate::JobPage`]: live jobs, then archived ones, a page at a time.
     pub const LIST_JOBS: &str = "jobs.list";
+    /// [`crate::QueuesRequest`] → [`crate::QueuesView`]: the live work counted by queue, site and users' place,
+    /// and each queue's waiting jobs in the order they are tried.
+    pub const QUEUES: &str = "jobs.queues";
     /// [`crate::JobRef`] → [`crate::JobView`].
     pub const GET_JOB: &str = "jobs.get";
     /// [`crate::ExplainRequest`] (a [`crate::JobRef`], with `all` for every site) → [`crate::ExplainView`].
@@ -163,9 +166,10 @@ pub mod api {
     /// Read the audit trail (`AuditRequest` → `AuditPage`): administrators only.
     pub const AUDIT: &str = "admin.audit";
     /// Every call, for tests and tooling that go through them all.
-    pub const CALLS: [&str; 26] = [
+    pub const CALLS: [&str; 27] = [
         SUBMIT,
         LIST_JOBS,
+        QUEUES,
         GET_JOB,
         EXPLAIN,
         CANCEL,

@@ -652,6 +652,23 @@ impl Validate for JobListRequest {
         if let Some(c) = &self.cursor {
             name("cursor", c, 128)?;
         }
+        if let Some(t) = &self.text {
+            name("text", t, 200)?;
+        }
+        Ok(())
+    }
+}
+
+impl Validate for QueuesRequest {
+    versioned!(QueuesRequest);
+
+    fn validate(&self) -> R {
+        if let Some(h) = self.head {
+            range_u64("head", h.into(), 0, MAX_PAGE.into())?;
+        }
+        if let Some(q) = &self.queue {
+            name("queue", q, 128)?;
+        }
         Ok(())
     }
 }

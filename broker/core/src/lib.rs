@@ -22,6 +22,7 @@ pub mod reactor;
 pub mod regions;
 pub mod snapshot;
 pub mod steps;
+pub mod summary;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 #[cfg(test)]

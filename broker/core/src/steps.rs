@@ -23,6 +23,11 @@ impl<T: Copy + PartialEq> Steps<T> {
         }
     }
 
+    /// The steps, oldest first: `(from, value)`.
+    pub fn steps(&self) -> &[(Millis, T)] {
+        &self.steps
+    }
+
     pub fn len(&self) -> usize {
         self.steps.len()
     }

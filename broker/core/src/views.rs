@@ -127,6 +127,9 @@ pub fn site_view(site: &Site) -> SiteView {
         last_seen_ms: site.last_seen_ms,
         generation: site.generation,
         backend: site.info.backend,
+        carbon_forecast: site.info.carbon.forecast.clone(),
+        carbon_forecast_start_ms: site.info.carbon.forecast_start_ms,
+        carbon_history: Vec::new(),
     }
 }
 

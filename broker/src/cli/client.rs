@@ -77,6 +77,13 @@ pub enum ServiceCmd {
     },
 }
 
+/// The order of `meridian jobs`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Sort {
+    Newest,
+    Oldest,
+}
+
 /// `NAME:LAT:LON:RATE`.
 fn parse_rate(s: &str) -> Result<meridian_federation::LocationRate, String> {
     let parts: Vec<&str> = s.split(':').collect();
@@ -103,7 +110,7 @@ pub enum ClientCmd {
     /// Submit a job: from its spec file (TOML or JSON), or in one line with no file
     /// (`meridian submit --tenant research --gpus A100:4 -- python train.py`).
     Submit(SubmitArgs),
-    /// List jobs: every one by default (live, then archived), page by page.
+    /// List jobs, newest first: every one by default (live, then archived), page by page.
     Jobs {
         /// At most this many.
         #[arg(long)]
@@ -128,6 +135,24 @@ pub enum ClientCmd {
         /// Draw the listing again every 2 s until Ctrl-C (with `--output json`, one JSON array a line).
         #[arg(long)]
         watch: bool,
+        /// `newest` first (live jobs by submission, then the most recently archived) or `oldest` first.
+        #[arg(long, value_enum, default_value_t = Sort::Newest)]
+        sort: Sort,
+        /// The table's columns, comma-separated (job, name, tenant, queue, kind, state, site, pool, att,
+        /// submitted, started, finished, exit, wait, usd, est-usd, kgco2, why).
+        #[arg(long, value_enum, value_delimiter = ',')]
+        columns: Vec<render::JobColumn>,
+    },
+    /// The queues: live jobs per queue (running, offered, pending and why they wait), and each queue's waiting
+    /// jobs in the order they are tried, with their positions.
+    Queue {
+        /// Only this queue (a job that names none is in its tenant's).
+        queue: Option<String>,
+        #[arg(long)]
+        tenant: Option<TenantId>,
+        /// Waiting jobs listed per queue.
+        #[arg(long, default_value_t = 10)]
+        head: u32,
     },
     /// One job, a field a line: its state and why, site and pool, times (UTC), exit code, and its estimated
     /// and metered cost, energy and carbon.
@@ -422,6 +447,8 @@ pub async fn run(cmd: ClientCmd, connect: &ConnectArgs, out: Output) -> anyhow::
             since,
             until,
             watch,
+            sort,
+            columns,
         } => {
             let req = meridian_federation::JobListRequest {
                 tenant,
@@ -430,11 +457,17 @@ pub async fn run(cmd: ClientCmd, connect: &ConnectArgs, out: Output) -> anyhow::
                 from_ms: since,
                 to_ms: until,
                 scope: if live { JobScope::Live } else { JobScope::All },
+                newest_first: sort == Sort::Newest,
                 ..Default::default()
+            };
+            let columns = if columns.is_empty() {
+                render::DEFAULT_JOB_COLUMNS.to_vec()
+            } else {
+                columns
             };
             if !watch {
                 let jobs = client.jobs_matching(req, limit).await?;
-                return print(out, &jobs, |j| render::jobs(j));
+                return print(out, &jobs, |j| render::jobs(j, &columns));
             }
             loop {
                 let jobs = client.jobs_matching(req.clone(), limit).await?;
@@ -448,11 +481,25 @@ pub async fn run(cmd: ClientCmd, connect: &ConnectArgs, out: Output) -> anyhow::
                             jobs.len(),
                             render::iso(crate::service::now_ms())
                         );
-                        render::jobs(&jobs);
+                        render::jobs(&jobs, &columns);
                     }
                 }
                 tokio::time::sleep(std::time::Duration::from_secs(2)).await;
             }
+        }
+        ClientCmd::Queue {
+            queue,
+            tenant,
+            head,
+        } => {
+            let req = meridian_federation::QueuesRequest {
+                queue,
+                tenant,
+                head: Some(head),
+                ..Default::default()
+            };
+            let q = client.queues(&req).await?;
+            print(out, &q, render::queues)
         }
         ClientCmd::Show { job } => {
             let j = client.job(&job).await?;

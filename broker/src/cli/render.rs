@@ -1,7 +1,7 @@
 //! Tables for the command line's output.
 
 use super::{outln, Output};
-use meridian_federation::{CandidateView, ExplainView, JobView, SiteView, TimelineView};
+use meridian_federation::{CandidateView, ExplainView, JobPhase, JobView, SiteView, TimelineView};
 use serde::Serialize;
 
 /// Prints `value` as JSON, or as a table drawn by `table`.
@@ -47,29 +47,157 @@ fn painted(text: &str, phase: meridian_federation::JobPhase, on: bool) -> String
     }
 }
 
-pub fn jobs(jobs: &[JobView]) {
-    outln!(
-        "{:<9} {:<20} {:<10} {:<10} {:<16} {:>3}  WHY",
-        "JOB",
-        "NAME",
-        "KIND",
-        "STATE",
-        "SITE",
-        "ATT"
-    );
-    for j in jobs {
-        outln!(
-            "{:<9} {:<20} {:<10} {} {:<16} {:>3}  {}",
-            j.job.as_str(),
-            j.name.clone().unwrap_or_default(),
-            j.kind.as_str(),
-            // Padded first, so that the colour's codes do not count in the column's width.
-            painted(&format!("{:<10}", j.phase.as_str()), j.phase, colour()),
-            j.site.as_ref().map(|s| s.as_str()).unwrap_or("-"),
-            j.attempt,
-            j.why
-        );
+/// A column of `meridian jobs` (`--columns`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum JobColumn {
+    Job,
+    Name,
+    Tenant,
+    Queue,
+    Kind,
+    State,
+    Site,
+    Pool,
+    Att,
+    Submitted,
+    Started,
+    Finished,
+    Exit,
+    /// Why a pending job waits (a short label).
+    Wait,
+    /// Metered money, USD.
+    Usd,
+    /// The estimate's money, USD.
+    EstUsd,
+    /// Metered carbon, kgCO2e.
+    Kgco2,
+    Why,
+}
+
+/// The columns `meridian jobs` shows unless told.
+pub const DEFAULT_JOB_COLUMNS: &[JobColumn] = &[
+    JobColumn::Job,
+    JobColumn::Name,
+    JobColumn::Kind,
+    JobColumn::State,
+    JobColumn::Site,
+    JobColumn::Att,
+    JobColumn::Why,
+];
+
+impl JobColumn {
+    fn header(self) -> &'static str {
+        match self {
+            JobColumn::Job => "JOB",
+            JobColumn::Name => "NAME",
+            JobColumn::Tenant => "TENANT",
+            JobColumn::Queue => "QUEUE",
+            JobColumn::Kind => "KIND",
+            JobColumn::State => "STATE",
+            JobColumn::Site => "SITE",
+            JobColumn::Pool => "POOL",
+            JobColumn::Att => "ATT",
+            JobColumn::Submitted => "SUBMITTED",
+            JobColumn::Started => "STARTED",
+            JobColumn::Finished => "FINISHED",
+            JobColumn::Exit => "EXIT",
+            JobColumn::Wait => "WAITS ON",
+            JobColumn::Usd => "USD",
+            JobColumn::EstUsd => "EST USD",
+            JobColumn::Kgco2 => "KGCO2E",
+            JobColumn::Why => "WHY",
+        }
     }
+
+    fn numeric(self) -> bool {
+        matches!(
+            self,
+            JobColumn::Att
+                | JobColumn::Exit
+                | JobColumn::Usd
+                | JobColumn::EstUsd
+                | JobColumn::Kgco2
+        )
+    }
+
+    fn cell(self, j: &JobView) -> String {
+        let dash = || "-".to_owned();
+        let time = |t: Option<u64>| t.map_or_else(dash, iso);
+        match self {
+            JobColumn::Job => j.job.to_string(),
+            JobColumn::Name => j.name.clone().unwrap_or_default(),
+            JobColumn::Tenant => j.tenant.to_string(),
+            JobColumn::Queue => j.queue.as_ref().map_or_else(dash, |q| q.to_string()),
+            JobColumn::Kind => j.kind.as_str().to_owned(),
+            JobColumn::State => j.phase.as_str().to_owned(),
+            JobColumn::Site => j.site.as_ref().map_or_else(dash, |s| s.to_string()),
+            JobColumn::Pool => j.pool.as_ref().map_or_else(dash, |p| p.to_string()),
+            JobColumn::Att => j.attempt.to_string(),
+            JobColumn::Submitted => iso(j.submitted_at_ms),
+            JobColumn::Started => time(j.started_at_ms),
+            JobColumn::Finished => time(j.finished_at_ms),
+            JobColumn::Exit => j.exit_code.map_or_else(dash, |c| c.to_string()),
+            JobColumn::Wait => j.wait_reason.clone().unwrap_or_else(dash),
+            JobColumn::Usd => format!("{:.2}", j.metered.cost_micro_usd as f64 / 1e6),
+            JobColumn::EstUsd => j
+                .estimate
+                .map_or_else(dash, |e| format!("{:.2}", e.cost_micro_usd as f64 / 1e6)),
+            JobColumn::Kgco2 => format!("{:.3}", j.metered.co2_g as f64 / 1e3),
+            JobColumn::Why => j.why.clone(),
+        }
+    }
+}
+
+/// The jobs as a table of `columns`, each as wide as its widest cell (the last left unpadded).
+pub fn jobs(jobs: &[JobView], columns: &[JobColumn]) {
+    for line in job_lines(jobs, columns, colour()) {
+        outln!("{line}");
+    }
+}
+
+fn job_lines(jobs: &[JobView], columns: &[JobColumn], colour: bool) -> Vec<String> {
+    let cells: Vec<Vec<String>> = jobs
+        .iter()
+        .map(|j| columns.iter().map(|c| c.cell(j)).collect())
+        .collect();
+    let widths: Vec<usize> = columns
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            cells
+                .iter()
+                .map(|row| row[i].chars().count())
+                .chain([c.header().len()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let line = |row: Vec<String>, phase: Option<JobPhase>| {
+        let last = columns.len().saturating_sub(1);
+        let mut out = Vec::with_capacity(columns.len());
+        for (i, (c, cell)) in columns.iter().zip(row).enumerate() {
+            let w = widths[i];
+            let padded = match (i == last, c.numeric()) {
+                (true, false) => cell,
+                (_, true) => format!("{cell:>w$}"),
+                (false, false) => format!("{cell:<w$}"),
+            };
+            // Padded first, so that the colour's codes do not count in the column's width.
+            out.push(match (c, phase) {
+                (JobColumn::State, Some(p)) => painted(&padded, p, colour),
+                _ => padded,
+            });
+        }
+        out.join("  ").trim_end().to_owned()
+    };
+    let mut lines = vec![line(
+        columns.iter().map(|c| c.header().to_owned()).collect(),
+        None,
+    )];
+    for (j, row) in jobs.iter().zip(cells) {
+        lines.push(line(row, Some(j.phase)));
+    }
+    lines
 }
 
 /// One job, a field a line (`meridian show`).
@@ -216,6 +344,79 @@ pub fn gpus(rows: &[GpuRow]) {
             r.carbon_g_per_kwh,
             r.pue
         );
+    }
+}
+
+/// `meridian queue`: the counts per queue, then each queue's waiting jobs in the order they are tried.
+pub fn queues(q: &meridian_federation::QueuesView) {
+    for line in queue_lines(q, crate::service::now_ms()) {
+        outln!("{line}");
+    }
+}
+
+fn queue_lines(q: &meridian_federation::QueuesView, now_ms: u64) -> Vec<String> {
+    let mut lines = vec![format!(
+        "{:<20} {:>7} {:>7} {:>7}  WHY THEY WAIT",
+        "QUEUE", "RUNNING", "OFFERED", "PENDING"
+    )];
+    if q.queues.is_empty() {
+        lines.push("(no live jobs)".to_owned());
+    }
+    for v in &q.queues {
+        let reasons: Vec<String> = v.reasons.iter().map(|(r, n)| format!("{r} {n}")).collect();
+        lines.push(format!(
+            "{:<20} {:>7} {:>7} {:>7}  {}",
+            v.queue,
+            v.running,
+            v.offered,
+            v.pending,
+            if reasons.is_empty() {
+                "-".to_owned()
+            } else {
+                reasons.join(", ")
+            }
+        ));
+    }
+    for v in q.queues.iter().filter(|v| !v.waiting.is_empty()) {
+        lines.push(String::new());
+        let shown = v.waiting.len() as u64;
+        lines.push(format!(
+            "{}: {} waiting{}, in the order they are tried",
+            v.queue,
+            v.pending,
+            if v.pending > shown {
+                format!(" (the first {shown})")
+            } else {
+                String::new()
+            }
+        ));
+        lines.push(format!(
+            "{:>5}  {:<9} {:>5} {:>7} {:>9}  WHY",
+            "POS", "JOB", "PRIO", "DEVICES", "WAITED"
+        ));
+        for w in &v.waiting {
+            lines.push(format!(
+                "{:>5}  {:<9} {:>5} {:>7} {:>9}  {}",
+                w.position,
+                w.job.as_str(),
+                w.priority,
+                format!("{}", w.milli as f64 / 1000.0),
+                short_duration(now_ms.saturating_sub(w.submitted_at_ms)),
+                w.why
+            ));
+        }
+    }
+    lines
+}
+
+/// `45s`, `12m`, `3h20m`, `2d4h`.
+fn short_duration(ms: u64) -> String {
+    let s = ms / 1000;
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m", s / 60),
+        3600..86_400 => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+        _ => format!("{}d{}h", s / 86_400, s % 86_400 / 3600),
     }
 }
 
@@ -735,6 +936,70 @@ mod tests {
         assert_eq!(f["metered"], "$0.07, 0.025 kWh, 0.005 kgCO2e");
         assert!(f["estimate"].starts_with("$4.00, 1.500 kWh, 0.300 kgCO2e"));
         assert!(!f.contains_key("users"));
+    }
+
+    #[test]
+    fn the_jobs_table_has_the_columns_asked_for_each_as_wide_as_its_cells() {
+        let j = |id: &str, phase: &str, usd: u64, why: &str| -> JobView {
+            serde_json::from_value(serde_json::json!({
+                "job": id, "tenant": "research", "name": null, "kind": "training", "phase": phase,
+                "attempt": 1, "site": "dc-oregon", "pool": "h100", "why": why, "submitted_at_ms": 0,
+                "started_at_ms": null, "finished_at_ms": null, "exit_code": null, "estimate": null,
+                "user_rtt_ms": null, "metered": { "cost_micro_usd": usd, "energy_wh": 0, "co2_g": 0 },
+                "runtime_ms": 0, "checkpoint": null
+            }))
+            .unwrap()
+        };
+        let jobs = [
+            j("j-000002", "running", 12_345_678, "cheapest"),
+            j("j-000001", "succeeded", 0, "done"),
+        ];
+        let cols = [
+            JobColumn::Job,
+            JobColumn::State,
+            JobColumn::Usd,
+            JobColumn::Why,
+        ];
+        assert_eq!(
+            job_lines(&jobs, &cols, false),
+            [
+                "JOB       STATE        USD  WHY",
+                "j-000002  running    12.35  cheapest",
+                "j-000001  succeeded   0.00  done",
+            ]
+        );
+        let coloured = job_lines(&jobs, &cols, true);
+        assert!(coloured[1].contains("\x1b["), "{coloured:?}");
+    }
+
+    #[test]
+    fn the_queue_lists_counts_then_the_waiting_jobs_by_position() {
+        let q: meridian_federation::QueuesView = serde_json::from_value(serde_json::json!({
+            "queues": [{
+                "queue": "research", "running": 2, "offered": 0, "pending": 12,
+                "reasons": { "capacity": 10, "quota": 2 },
+                "waiting": [{
+                    "position": 1, "job": "j-000007", "tenant": "research", "priority": 100,
+                    "milli": 4000, "submitted_at_ms": 1_000, "wait_reason": "capacity",
+                    "why": "owned and partner sites busy"
+                }]
+            }],
+            "sites": [], "flows": []
+        }))
+        .unwrap();
+        let lines = queue_lines(&q, 3_601_000);
+        assert_eq!(
+            lines[1],
+            "research                   2       0      12  capacity 10, quota 2"
+        );
+        assert_eq!(
+            lines[3],
+            "research: 12 waiting (the first 1), in the order they are tried"
+        );
+        assert_eq!(
+            lines[5],
+            "    1  j-000007    100       4     1h00m  owned and partner sites busy"
+        );
     }
 
     #[test]

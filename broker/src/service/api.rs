@@ -20,6 +20,8 @@ use std::time::Duration;
 pub enum Call {
     Submit(Bytes),
     ListJobs(Bytes),
+    /// The live work by queue (`QueuesRequest`).
+    Queues(Bytes),
     GetJob(String),
     /// A job, and whether every site is weighed (`all`).
     Explain(String, bool),
@@ -70,6 +72,7 @@ impl Call {
         match self {
             Call::Submit(_) => "submit",
             Call::ListJobs(_) => "list_jobs",
+            Call::Queues(_) => "queues",
             Call::GetJob(_) => "get_job",
             Call::Explain(..) => "explain",
             Call::Cancel(_) => "cancel",
@@ -104,6 +107,7 @@ impl Call {
     pub fn reads_only(&self) -> bool {
         match self {
             Call::ListJobs(_)
+            | Call::Queues(_)
             | Call::GetJob(_)
             | Call::Explain(..)
             | Call::Logs(..)
@@ -507,6 +511,19 @@ async fn call_as(h: &BrokerHandle, who: &Principal, c: Call) -> Reply {
                 }
             }
             list_jobs(h, who, req).await
+        }
+        Call::Queues(body) => {
+            let mut req = match optional_body::<meridian_federation::QueuesRequest>(&body) {
+                Ok(r) => r,
+                Err(reply) => return reply,
+            };
+            if let Err(reply) = scope_to_own_tenant(who, &mut req.tenant, "queues") {
+                return reply;
+            }
+            match h.query(Query::Queues(req, who.clone())).await {
+                Some(Answer::Queues(v)) => ok(200, v),
+                _ => unavailable(),
+            }
         }
         Call::GetJob(id) => {
             let id = match job_id(&id) {
@@ -1012,8 +1029,9 @@ async fn list_jobs(
             "not a cursor this broker gave: expected live:<job> or archived:<sequence>",
         ))
     };
+    let first_archived = if req.newest_first { NEWEST_ARCHIVED } else { 1 };
     let mut at = match req.cursor.as_deref() {
-        None if req.scope == JobScope::Archived => At::Archived(1),
+        None if req.scope == JobScope::Archived => At::Archived(first_archived),
         None => At::Live(None),
         Some(c) => match c.split_once(':') {
             Some(("live", id)) => match JobId::new(id) {
@@ -1059,7 +1077,7 @@ async fn list_jobs(
         if req.scope == JobScope::Live {
             return ok(200, page);
         }
-        at = At::Archived(1);
+        at = At::Archived(first_archived);
     }
     if let At::Archived(from) = at {
         let want = limit - page.jobs.len();
@@ -1068,26 +1086,24 @@ async fn list_jobs(
             return ok(200, page);
         }
         let mut taken = 0;
-        let scanned = h
-            .archive
-            .scan(from, |a| {
-                let v = a.view;
-                let pass = req.tenant.as_ref().is_none_or(|t| t == &v.tenant)
-                    && req.state.is_none_or(|p| p == v.phase)
-                    && req.site.as_ref().is_none_or(|s| v.site.as_ref() == Some(s))
-                    && req.from_ms.is_none_or(|f| v.submitted_at_ms >= f)
-                    && req.to_ms.is_none_or(|t| v.submitted_at_ms < t)
-                    && may_watch(who, &v).is_ok();
-                if pass {
-                    if !fits(&v, &mut bytes) {
-                        return false;
-                    }
-                    page.jobs.push(v);
-                    taken += 1;
+        let keep = |a: super::archive::Archived| {
+            let v = a.view;
+            if req.passes(&v) && may_watch(who, &v).is_ok() {
+                if !fits(&v, &mut bytes) {
+                    return false;
                 }
-                taken < want
-            })
-            .await;
+                page.jobs.push(v);
+                taken += 1;
+            }
+            taken < want
+        };
+        let scanned = if req.newest_first {
+            h.archive
+                .scan_back((from != NEWEST_ARCHIVED).then_some(from), keep)
+                .await
+        } else {
+            h.archive.scan(from, keep).await
+        };
         match scanned {
             Ok(next) => page.next = next.map(|seq| format!("archived:{seq}")),
             Err(e) => return archive_unavailable(e),
@@ -1095,6 +1111,9 @@ async fn list_jobs(
     }
     ok(200, page)
 }
+
+/// The archive cursor of a newest-first listing that has not read the archive yet: its newest message.
+const NEWEST_ARCHIVED: u64 = u64::MAX;
 
 /// Lines of the log a timeline shows.
 const TIMELINE_LOG_LINES: u32 = 20;
@@ -1238,6 +1257,7 @@ fn nats_call(
         }
         api::AUDIT => Call::Audit(payload),
         api::LIST_JOBS => Call::ListJobs(payload),
+        api::QUEUES => Call::Queues(payload),
         api::GET_JOB => Call::GetJob(job(&payload)?),
         api::EXPLAIN => {
             let r = decode_strict::<meridian_federation::ExplainRequest>(&payload).map_err(wire)?;

@@ -172,6 +172,46 @@ impl Archive {
         Ok(None)
     }
 
+    /// Archived jobs from stream sequence `from` (the newest when `None`) down, the most recently archived
+    /// first, for as long as `keep` asks for more; returns the sequence to go on from (downwards), or `None` at
+    /// the start of the stream.
+    pub async fn scan_back(
+        &self,
+        from: Option<u64>,
+        mut keep: impl FnMut(Archived) -> bool,
+    ) -> anyhow::Result<Option<u64>> {
+        let mut s = self.jobs.clone();
+        let state = s.info().await.context("reading the archive")?.state.clone();
+        let first = state.first_sequence.max(1);
+        let mut seq = from.map_or(state.last_sequence, |f| f.min(state.last_sequence));
+        while seq >= first && seq > 0 {
+            let m = match self.jobs.get_raw_message(seq).await {
+                Ok(m) => m,
+                // Overwritten by a later archiving of the same job, or removed by age.
+                Err(e) if e.kind() == stream::RawMessageErrorKind::NoMessageFound => {
+                    seq -= 1;
+                    continue;
+                }
+                Err(e) => return Err(e).context("reading the archive"),
+            };
+            let more = match decode(&m.payload) {
+                Ok(a) => keep(a),
+                Err(e) => {
+                    tracing::warn!(
+                        "{} message {seq} cannot be read, left out: {e:#}",
+                        subjects::ARCHIVE_STREAM
+                    );
+                    true
+                }
+            };
+            seq -= 1;
+            if !more {
+                return Ok((seq >= first && seq > 0).then_some(seq));
+            }
+        }
+        Ok(None)
+    }
+
     /// The ledger of every archived job, and the ledger messages that could not be read (left out).
     pub async fn ledger(&self) -> anyhow::Result<(Vec<LedgerEntry>, Vec<UnreadableView>)> {
         let mut s = self.ledger.clone();

@@ -54,6 +54,7 @@ pub async fn serve(
 pub fn router(h: BrokerHandle) -> Router {
     Router::new()
         .route("/v1/jobs", post(submit).get(list_jobs))
+        .route("/v1/queues", get(queues))
         .route("/v1/jobs/{id}", get(get_job).delete(cancel))
         .route("/v1/jobs/{id}/explain", get(explain))
         .route("/v1/jobs/{id}/logs", get(logs))
@@ -356,6 +357,18 @@ async fn list_jobs(
     run(&h, &headers, Call::ListJobs(body)).await
 }
 
+async fn queues(
+    State(h): State<BrokerHandle>,
+    headers: HeaderMap,
+    Query(q): Query<std::collections::BTreeMap<String, String>>,
+) -> Response {
+    let body = query_body(q, &["head"]);
+    run(&h, &headers, Call::Queues(body)).await
+}
+
+/// Query parameters that are flags (`true` or `false`) in every call that takes them.
+const FLAGS: &[&str] = &["newest_first"];
+
 /// Query parameters as the JSON body of the same call (numbers where the call takes numbers), so they are
 /// checked like a body: an unknown or bad parameter is named in the error.
 fn query_body(q: std::collections::BTreeMap<String, String>, numeric: &[&str]) -> Bytes {
@@ -364,6 +377,9 @@ fn query_body(q: std::collections::BTreeMap<String, String>, numeric: &[&str]) -
     for (k, v) in q {
         let value = if numeric.contains(&k.as_str()) {
             v.parse::<u64>()
+                .map_or(serde_json::Value::String(v), Into::into)
+        } else if FLAGS.contains(&k.as_str()) {
+            v.parse::<bool>()
                 .map_or(serde_json::Value::String(v), Into::into)
         } else {
             serde_json::Value::String(v)

@@ -79,6 +79,8 @@ pub enum Query {
     Tokens,
     /// The gauges `/metrics` shows.
     Gauges,
+    /// The live work by queue, site and users' place, over the jobs the caller may read.
+    Queues(meridian_federation::QueuesRequest, Principal),
 }
 
 #[derive(Debug)]
@@ -96,6 +98,7 @@ pub enum Answer {
     Format(u32, Option<(u64, String)>),
     Tokens(Vec<meridian_core::access::TokenRecord>),
     Gauges(meridian_core::observe::Gauges),
+    Queues(meridian_federation::QueuesView),
 }
 
 enum Input {

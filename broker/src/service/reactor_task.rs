@@ -412,12 +412,17 @@ pub(super) fn answer(
             filter,
             who,
         } => {
-            let range = match &after {
-                Some(a) => st
-                    .jobs()
-                    .range::<JobId, _>((std::ops::Bound::Excluded(a), std::ops::Bound::Unbounded)),
-                None => st.jobs().range::<JobId, _>(..),
-            };
+            use std::ops::Bound::{Excluded, Unbounded};
+            // After the cursor in the order asked for: ids upwards, or downwards newest first.
+            let range: Box<dyn Iterator<Item = (&JobId, &meridian_core::model::Job)>> =
+                match (&after, filter.newest_first) {
+                    (Some(a), false) => {
+                        Box::new(st.jobs().range::<JobId, _>((Excluded(a), Unbounded)))
+                    }
+                    (None, false) => Box::new(st.jobs().iter()),
+                    (Some(a), true) => Box::new(st.jobs().range::<JobId, _>(..a).rev()),
+                    (None, true) => Box::new(st.jobs().iter().rev()),
+                };
             let mut page: Vec<JobView> = range
                 .map(|(_, j)| j)
                 .filter(|j| {
@@ -425,6 +430,7 @@ pub(super) fn answer(
                         && filter.state.is_none_or(|p| p == j.phase)
                         && filter.from_ms.is_none_or(|f| j.submitted_ms >= f)
                         && filter.to_ms.is_none_or(|t| j.submitted_ms < t)
+                        && filter.text_matches(j.id.as_str(), j.spec.name.as_deref(), &j.why)
                         && who
                             .may(
                                 meridian_core::access::Verb::Watch,
@@ -447,6 +453,19 @@ pub(super) fn answer(
             page.truncate(limit);
             Answer::JobsPage(page, more)
         }
+        Query::Queues(req, who) => Answer::Queues(meridian_core::summary::queues(
+            st.jobs().values().filter(|j| {
+                who.may(
+                    meridian_core::access::Verb::Watch,
+                    &j.spec.tenant,
+                    authz::queue_of(j.spec.queue.as_ref()),
+                    "",
+                )
+                .is_ok()
+            }),
+            reactor.tenancy(),
+            &req,
+        )),
         Query::Job(id) => Answer::Job(
             st.jobs()
                 .get(&id)
@@ -462,7 +481,16 @@ pub(super) fn answer(
                 v
             }))
         }
-        Query::Sites => Answer::Sites(st.sites().values().map(views::site_view).collect()),
+        Query::Sites => Answer::Sites(
+            st.sites()
+                .values()
+                .map(|s| {
+                    let mut v = views::site_view(s);
+                    v.carbon_history = st.intensity_of(s.id()).to_vec();
+                    v
+                })
+                .collect(),
+        ),
         Query::Format => Answer::Format(
             st.format(),
             journal

@@ -107,6 +107,11 @@ impl State {
 
 /// Read access for the shells (API views, the simulator); only the reactor changes state.
 impl State {
+    /// A site's grid intensity steps as kept for metering (see `intensity`), oldest first.
+    pub fn intensity_of(&self, site: &SiteId) -> &[(Millis, u32)] {
+        self.intensity.get(site).map_or(&[], |s| s.steps())
+    }
+
     pub fn sites(&self) -> &BTreeMap<SiteId, Site> {
         &self.sites
     }
