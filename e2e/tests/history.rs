@@ -89,6 +89,38 @@ fn five_thousand_jobs_list_in_pages_and_archived_ones_stay_readable() {
     assert!(pages >= n / 700);
     let archived = over_http.iter().filter(|j| j["archived"] == true).count();
     assert_eq!(archived, 2_000);
+    // Newest first: the live jobs by id downwards, then the archive read backwards; every job once.
+    let mut cursor: Option<String> = None;
+    let mut newest = Vec::new();
+    loop {
+        let path = match &cursor {
+            Some(c) => format!("/v1/jobs?limit=700&newest_first=true&cursor={c}"),
+            None => "/v1/jobs?limit=700&newest_first=true".into(),
+        };
+        let (status, v) = f.get(&path);
+        assert_eq!(status, 200, "{v}");
+        newest.extend(v["ok"]["jobs"].as_array().unwrap().iter().cloned());
+        match v["ok"]["next"].as_str() {
+            Some(c) => cursor = Some(c.to_owned()),
+            None => break,
+        }
+    }
+    let ids: Vec<&str> = newest.iter().map(|j| j["job"].as_str().unwrap()).collect();
+    assert_eq!(ids.iter().collect::<BTreeSet<_>>().len(), n);
+    assert_eq!(ids.len(), n, "no job twice");
+    let live: Vec<&str> = newest
+        .iter()
+        .filter(|j| j["archived"] != true)
+        .map(|j| j["job"].as_str().unwrap())
+        .collect();
+    assert!(
+        live.windows(2).all(|w| w[0] > w[1]),
+        "live jobs newest first"
+    );
+    assert!(
+        newest[..live.len()].iter().all(|j| j["archived"] != true),
+        "the live jobs come before the archive"
+    );
     // The NATS API, and the command line, list every job too.
     let over_nats = rt.block_on(client.jobs()).unwrap();
     assert_eq!(over_nats.len(), n);

@@ -661,6 +661,15 @@ fn carry_out<J: Journal>(
         (c.from..c.to)
             .map(|i| {
                 let mut job = spec.replica_spec(now * 1000 + n * 100 + u64::from(i));
+                // A short name that says where the replica is and which of the pool's it is (`chat-dc-eu-3`):
+                // the pool's replicas are numbered from 1, and one stopped and started again takes its number.
+                job.name = Some(format!(
+                    "{}-{}{}-{}",
+                    spec.name,
+                    c.key.site,
+                    if c.key.spot { "-spot" } else { "" },
+                    i + 1
+                ));
                 job.constraints.sites = vec![c.key.site.clone()];
                 job.spot = c.key.spot;
                 if let Some(m) = &model {
@@ -980,6 +989,19 @@ mod tests {
         }
         let submitted: Vec<String> = seen.iter().filter_map(|(_, e)| pinned_to(e)).collect();
         assert_eq!(submitted, ["near-b"], "{seen:?}");
+        // Replicas are named by service, site and their number at the pool.
+        let names: Vec<Option<String>> = seen
+            .iter()
+            .filter_map(|(_, e)| match e {
+                Event::Submit(s) => Some(s.name.clone()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(names, [Some(format!("{}-near-b-1", spec.name))], "{seen:?}");
+        assert_eq!(
+            env.reactor.state().jobs()[&replica].spec.name.as_deref(),
+            Some(format!("{}-near-a-1", spec.name).as_str())
+        );
         let cancelled: Vec<Millis> = seen
             .iter()
             .filter(|(_, e)| matches!(e, Event::Cancel(id) if *id == replica))
