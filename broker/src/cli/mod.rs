@@ -241,18 +241,33 @@ pub fn completion_script(shell: clap_complete::Shell) -> String {
     String::from_utf8_lossy(&script).into_owned()
 }
 
+/// A `meridian` command a document shows.
+#[derive(Clone, Debug)]
+pub struct DocCommand {
+    /// `FILE:LINE`.
+    pub at: String,
+    /// Without its leading `meridian`.
+    pub cmd: String,
+    /// Shown, not meant to be run by a test (see [`documented_commands`]).
+    pub illustration: bool,
+}
+
 /// The `meridian …` commands of the shell blocks of a Markdown file, each with where it is (`FILE:LINE`):
 /// continuation lines joined, the comment after `  #` dropped, `A | meridian B` taken as two commands, and each
 /// without its leading `meridian`. A line with `[…]` (optional parts) or `a|b` (alternatives) is a summary, not a
-/// command, and is left out. (The tests parse and run what the README and docs/ show.)
-pub fn documented_commands(file: &std::path::Path) -> std::io::Result<Vec<(String, String)>> {
+/// command, and is left out. A block whose fence says `illustration` (```` ```sh illustration ````) shows what a
+/// user would type in a setting a test cannot make (a long run, a cluster): its commands are parsed, not run.
+/// (The tests parse every command and run the others.)
+pub fn documented_commands(file: &std::path::Path) -> std::io::Result<Vec<DocCommand>> {
     let text = std::fs::read_to_string(file)?;
     let mut out = Vec::new();
     let mut code = false;
+    let mut illustration = false;
     let mut pending = String::new();
     for (i, line) in text.lines().enumerate() {
         if line.starts_with("```") {
             code = !code;
+            illustration = code && line.contains("illustration");
             continue;
         }
         if !code || (pending.is_empty() && !line.trim_start().starts_with("meridian ")) {
@@ -275,7 +290,11 @@ pub fn documented_commands(file: &std::path::Path) -> std::io::Result<Vec<(Strin
                     .split_whitespace()
                     .any(|w| w.contains('|') && !w.starts_with('\''));
             if !summary {
-                out.push((at.clone(), cmd));
+                out.push(DocCommand {
+                    at: at.clone(),
+                    cmd,
+                    illustration,
+                });
             }
         }
     }
@@ -320,12 +339,12 @@ mod doc_tests {
             .collect();
         docs.sort();
         files.extend(docs);
-        let commands: Vec<(String, String)> = files
+        let commands: Vec<super::DocCommand> = files
             .iter()
             .flat_map(|f| super::documented_commands(f).unwrap())
             .collect();
         assert!(commands.len() >= 15, "{commands:?}");
-        for (at, cmd) in commands {
+        for super::DocCommand { at, cmd, .. } in commands {
             let words = shlex::split(&cmd).unwrap_or_else(|| panic!("{at}: unquoted {cmd:?}"));
             if let Err(e) = Cli::try_parse_from(std::iter::once("meridian".to_owned()).chain(words))
             {
