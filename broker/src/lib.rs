@@ -8,5 +8,6 @@ pub mod creds;
 pub mod data;
 pub mod demo;
 pub mod local;
+pub mod progress;
 pub mod service;
 pub mod sim;

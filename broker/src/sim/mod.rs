@@ -635,8 +635,15 @@ pub fn simulate(opts: &SimOptions) -> anyhow::Result<Simulated> {
     };
     let mut runs = Vec::new();
     let mut schedules = Vec::new();
-    for ranking in rankings(opts.policy.as_deref(), opts.baselines)? {
+    let rankings = rankings(opts.policy.as_deref(), opts.baselines)?;
+    let progress = crate::progress::Progress::runs(
+        rankings.len() + if opts.front { FRONT_PRICES.len() } else { 0 },
+        &format!("simulating {} jobs:", jobs.len()),
+    );
+    for ranking in rankings {
+        progress.start(&ranking.name());
         let (report, schedule) = run_one(&ranking)?;
+        progress.done();
         schedules.push((ranking.name(), schedule));
         runs.push(report);
     }
@@ -657,7 +664,10 @@ pub fn simulate(opts: &SimOptions) -> anyhow::Result<Simulated> {
             )
         };
         for price in FRONT_PRICES {
-            let (r, schedule) = run_one(&Ranking::Policy(Policy::CarbonPriceUsdPerT(price)))?;
+            let ranking = Ranking::Policy(Policy::CarbonPriceUsdPerT(price));
+            progress.start(&ranking.name());
+            let (r, schedule) = run_one(&ranking)?;
+            progress.done();
             front.push(FrontPoint {
                 carbon_price_usd_per_t: price,
                 cost_usd: r.cost_usd,

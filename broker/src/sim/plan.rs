@@ -318,8 +318,12 @@ pub fn plan(opts: &PlanOptions, history: &HistoryView) -> anyhow::Result<PlanRep
         );
     };
     let tenancy = history.tenancy_toml.as_deref();
+    let progress =
+        crate::progress::Progress::runs(2, &format!("replaying {} jobs:", replay.jobs.len()));
     let run = |fed: &SimFederation, name: &str| -> anyhow::Result<RunReport> {
+        progress.start(&format!("the {name} federation"));
         let out = engine::run(fed, &replay.jobs, &Ranking::AsSubmitted, start_ms, tenancy)?;
+        progress.done();
         let checked = checker::check(fed, &replay.jobs, &out.schedule);
         for v in checked.violations.iter().take(5) {
             tracing::warn!("{name}: violation: {v}");

@@ -266,8 +266,15 @@ pub fn simulate(opts: &SimOptions) -> anyhow::Result<(ServingReport, Vec<(String
     };
     let mut runs = Vec::new();
     let mut outcomes = Vec::new();
-    for (name, scaling) in scalings(&l.spec, opts.policy.as_deref())? {
+    let scalings = scalings(&l.spec, opts.policy.as_deref())?;
+    let progress = crate::progress::Progress::runs(
+        scalings.len(),
+        &format!("simulating {} days of serving:", opts.days),
+    );
+    for (name, scaling) in scalings {
+        progress.start(&name);
         let out = engine::run(&ctx, scaling);
+        progress.done();
         let stated = check::stated(&out);
         let violations = check::check(&inputs, &out, stated);
         for v in violations.iter().take(5) {
