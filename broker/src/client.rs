@@ -89,11 +89,10 @@ impl Client {
                 }
                 _ => "",
             };
-            anyhow::anyhow!(
-                "{}{}{hint}",
-                e.message,
-                e.field.map(|f| format!(" (field {f})")).unwrap_or_default()
-            )
+            anyhow::Error::new(ApiError {
+                body: e,
+                hint: hint.to_owned(),
+            })
         })
     }
 
@@ -399,6 +398,87 @@ fn job_ref(job: &JobId) -> JobRef {
     }
 }
 
+/// The broker's refusal of a call, as the command line says it: the message, the field it names and, for a
+/// missing token, which flag or variable gives one.
+#[derive(Debug)]
+pub struct ApiError {
+    pub body: meridian_federation::ErrorBody,
+    pub hint: String,
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.body.message)?;
+        if let Some(field) = &self.body.field {
+            write!(f, " (field {field})")?;
+        }
+        write!(f, "{}", self.hint)
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+/// Says a refusal of what a TOML file held in the file's own terms: the line and key the field path names
+/// (`resources.count` → `job.toml:7: resources.count: …`), without the position in the JSON the file was sent
+/// as. Any other error is returned as it is.
+pub fn in_file_terms(e: anyhow::Error, path: &std::path::Path) -> anyhow::Error {
+    let is_toml = path.extension().is_some_and(|x| x == "toml");
+    let Some(api) = e.downcast_ref::<ApiError>() else {
+        return e;
+    };
+    let (Some(field), true) = (&api.body.field, is_toml) else {
+        return e;
+    };
+    let Ok(text) = std::fs::read_to_string(crate::local::resolve(path)) else {
+        return e;
+    };
+    // serde_json's "at line 1 column 43" is a place in the converted JSON, not in the user's file.
+    let message = match api.body.message.find(" at line ") {
+        Some(i) => &api.body.message[..i],
+        None => &api.body.message,
+    };
+    match toml_line_of(&text, field) {
+        Some(line) => anyhow::anyhow!("{}:{line}: {field}: {message}", path.display()),
+        None => anyhow::anyhow!("{}: {field}: {message}", path.display()),
+    }
+}
+
+/// The line (from 1) where a TOML document sets the value at `path` (`a.b`, `users[0].location.lat`): the
+/// line of its key (or, for an array's element, of the element).
+pub fn toml_line_of(text: &str, path: &str) -> Option<usize> {
+    use toml::de::{DeTable, DeValue};
+    let mut steps: Vec<(&str, Option<usize>)> = Vec::new();
+    for part in path.split('.') {
+        let mut pieces = part.split('[');
+        steps.push((pieces.next()?, None));
+        for index in pieces {
+            steps.push(("", Some(index.trim_end_matches(']').parse().ok()?)));
+        }
+    }
+    let root = DeValue::Table(DeTable::parse(text).ok()?.into_inner());
+    let mut value = &root;
+    let mut start = None;
+    for (key, index) in steps
+        .into_iter()
+        .filter(|(k, i)| !k.is_empty() || i.is_some())
+    {
+        value = match (value, index) {
+            (DeValue::Table(t), None) => {
+                let (k, v) = t.iter().find(|(k, _)| k.get_ref().as_ref() == key)?;
+                start = Some(k.span().start);
+                v.get_ref()
+            }
+            (DeValue::Array(a), Some(i)) => {
+                let v = a.get(i)?;
+                start = Some(v.span().start);
+                v.get_ref()
+            }
+            _ => return None,
+        };
+    }
+    Some(text[..start?.min(text.len())].matches('\n').count() + 1)
+}
+
 /// Reads a job spec from a TOML or JSON file (by extension; JSON when unsure). The `v` field may be omitted.
 pub fn read_job_file(path: &std::path::Path) -> anyhow::Result<Vec<u8>> {
     let text = std::fs::read_to_string(crate::local::resolve(path))
@@ -418,6 +498,41 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
+
+    /// A refusal's field path is found in the user's TOML file: keys in tables, inline tables and arrays of
+    /// tables.
+    #[test]
+    fn a_field_path_is_found_on_its_line_of_the_toml_file() {
+        let text = "v = 1\ntenant = \"t\"\n\n[resources]\nkind = \"gpu\"\ncount = -1\n\n\
+                    [[users]]\nlocation = { lat = 1.0, lon = 2.0 }\n[[users]]\nlocation = { lat = 91.0, lon = 2.0 }\n\
+                    [constraints]\nresidancy = \"eu\"\n";
+        assert_eq!(toml_line_of(text, "tenant"), Some(2));
+        assert_eq!(toml_line_of(text, "resources.count"), Some(6));
+        assert_eq!(toml_line_of(text, "users[1].location.lat"), Some(11));
+        assert_eq!(toml_line_of(text, "constraints.residancy"), Some(13));
+        assert_eq!(toml_line_of(text, "missing"), None);
+        assert_eq!(toml_line_of(text, "users[7].location"), None);
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("job.toml");
+        std::fs::write(&path, text).unwrap();
+        let refused = anyhow::Error::new(ApiError {
+            body: meridian_federation::ErrorBody::new(
+                meridian_federation::ErrorCode::Invalid,
+                Some("resources.count".into()),
+                "invalid value: integer `-1`, expected u32 at line 1 column 43",
+            ),
+            hint: String::new(),
+        });
+        let said = in_file_terms(refused, &path).to_string();
+        assert_eq!(
+            said,
+            format!(
+                "{}:6: resources.count: invalid value: integer `-1`, expected u32",
+                path.display()
+            )
+        );
+    }
 
     /// A TOML job file states the money-and-carbon policies as docs/jobs.md shows them.
     #[test]

@@ -314,6 +314,21 @@ fn bad_input_gets_clear_errors_and_loses_nothing() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("resources.count"), "{err}");
+    // A TOML file's error names the file's own line and key, not a place in the JSON it was sent as.
+    let bad = f.scratch.path().join("bad.toml");
+    std::fs::write(
+        &bad,
+        "tenant = \"e2e\"\nidempotency_key = \"neg\"\nkind = \"batch\"\n\n[resources]\nkind = \"gpu\"\ncount = -1\n\n[run]\ncommand = \"true\"\n",
+    )
+    .unwrap();
+    let out = f.cli(&["submit", bad.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("{}:7: resources.count: ", bad.display())),
+        "{err}"
+    );
+    assert!(!err.contains("column"), "{err}");
 
     let ok = f.submit(&job("fine", 1, "true"));
     f.wait_phase(&ok, "succeeded", LONG);

@@ -423,6 +423,10 @@ pub async fn run(cmd: ClientCmd, connect: &ConnectArgs, out: Output) -> anyhow::
             let r = client
                 .submit_raw(body)
                 .await
+                .map_err(|e| match &args.file {
+                    Some(file) => crate::client::in_file_terms(e, file),
+                    None => e,
+                })
                 .with_context(|| format!("submitting {what}"))?;
             // Said at once when no site of the federation can run it as it stands (model, memory, count…).
             let cannot = match client.job(&r.job).await {
@@ -764,6 +768,7 @@ async fn service_cmd(client: &Client, cmd: ServiceCmd, out: Output) -> anyhow::R
             let v = client
                 .deploy_service(body)
                 .await
+                .map_err(|e| crate::client::in_file_terms(e, &file))
                 .with_context(|| format!("deploying {}", file.display()))?;
             print(out, &v, render::service)
         }
