@@ -1,13 +1,12 @@
 //! `meridian`: the broker, the client commands, the local federation, the simulator and the benchmarks (see
 //! `meridian_broker::cli`).
 
-use clap::Parser;
-use meridian_broker::cli::{self, Cli, Cmd};
+use meridian_broker::cli::{self, Cmd};
 
 fn main() {
     // One TLS provider for the process (the HTTP API's server side asks for the process default).
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let cli = Cli::parse();
+    let cli = cli::parse();
     let filter = match &cli.command {
         Cmd::Broker(_) => "info",
         _ => "warn",

@@ -55,6 +55,76 @@ pub struct Cli {
     pub command: Cmd,
 }
 
+/// The commands by area, as `meridian --help` lists them (every command is in one group: a test checks).
+pub const GROUPS: &[(&str, &[&str])] = &[
+    (
+        "Jobs",
+        &[
+            "submit", "jobs", "show", "queue", "explain", "timeline", "logs", "cancel",
+        ],
+    ),
+    ("Services", &["service", "scale-in"]),
+    ("Sites", &["sites", "gpus", "drain", "revoke-site"]),
+    ("Tenancy and money", &["tenancy", "report", "plan"]),
+    ("Security", &["token", "creds", "audit"]),
+    (
+        "Running things",
+        &[
+            "up",
+            "demo",
+            "broker",
+            "journal",
+            "sim",
+            "bench",
+            "completions",
+        ],
+    ),
+];
+
+/// The command line, its help listing the commands by area ([`GROUPS`]).
+pub fn command() -> clap::Command {
+    use clap::CommandFactory;
+    let cmd = Cli::command();
+    let width = GROUPS
+        .iter()
+        .flat_map(|(_, names)| names.iter().map(|n| n.len()))
+        .max()
+        .unwrap_or(0);
+    let mut groups = String::new();
+    for (title, names) in GROUPS {
+        groups.push_str(&format!("{title}:\n"));
+        for name in *names {
+            let about = cmd
+                .find_subcommand(name)
+                .and_then(|c| c.get_about())
+                .map(|a| a.to_string())
+                .unwrap_or_default();
+            groups.push_str(&format!("  {name:<width$}  {about}\n"));
+        }
+        groups.push('\n');
+    }
+    // The commands are listed by area above; the flat list clap would add after them is left out (they still
+    // parse, and completions still offer them: those are made from `Cli::command()`).
+    let mut cmd = cmd
+        .help_template(format!(
+            "{{about-with-newline}}\n{{usage-heading}} {{usage}}\n\n{groups}{{all-args}}{{after-help}}"
+        ))
+        .after_help("A command's own options: `meridian COMMAND --help` (or `meridian help COMMAND`).");
+    for (_, names) in GROUPS {
+        for name in *names {
+            cmd = cmd.mut_subcommand(name, |c| c.hide(true));
+        }
+    }
+    cmd
+}
+
+/// The arguments of this process, parsed by [`command`] (help and errors end the process, as clap's do).
+pub fn parse() -> Cli {
+    use clap::FromArgMatches;
+    let matches = command().get_matches();
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Output {
     Table,
@@ -306,6 +376,40 @@ mod doc_tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::Cli;
     use clap::Parser;
+
+    /// `meridian --help` lists every command once, under its area.
+    #[test]
+    fn the_help_lists_every_command_once_by_area() {
+        let cmd = super::command();
+        let grouped: Vec<&str> = super::GROUPS
+            .iter()
+            .flat_map(|(_, names)| names.iter().copied())
+            .collect();
+        let mut commands: Vec<&str> = cmd
+            .get_subcommands()
+            .map(|c| c.get_name())
+            .filter(|n| *n != "help")
+            .collect();
+        commands.sort();
+        let mut sorted = grouped.clone();
+        sorted.sort();
+        assert_eq!(sorted, commands, "every command in exactly one group");
+        let help = cmd.clone().render_help().to_string();
+        for (title, names) in super::GROUPS {
+            assert!(help.contains(&format!("{title}:\n")), "{help}");
+            for n in *names {
+                assert_eq!(
+                    help.matches(&format!("\n  {n} ")).count(),
+                    1,
+                    "{n} in {help}"
+                );
+            }
+        }
+        assert!(
+            help.contains("Connection:") && help.contains("--token"),
+            "{help}"
+        );
+    }
 
     /// `meridian completions bash` is a script bash reads without a syntax error, and it completes the commands.
     #[test]
