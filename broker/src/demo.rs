@@ -159,6 +159,7 @@ struct Decided {
 
 #[derive(Debug, clap::Args)]
 pub struct DemoOptions {
+    /// The federation file: relative to the working folder, else to the checkout.
     #[arg(long, default_value = "configs/demo/federation.toml")]
     pub federation: PathBuf,
     /// Workload used when the shared trace data is absent (and for the inference services).

@@ -33,8 +33,10 @@ use std::time::{Duration, Instant};
 
 #[derive(Clone, Debug, clap::Args)]
 pub struct DispatchOptions {
+    /// Jobs dispatched (and plain request-replies timed).
     #[arg(long, default_value_t = 10_000)]
     pub jobs: usize,
+    /// Agents on the no-op executor.
     #[arg(long, default_value_t = 50)]
     pub sites: usize,
     /// Submissions outstanding at once.

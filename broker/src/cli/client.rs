@@ -35,43 +35,59 @@ pub enum JournalAction {
     UpgradeFormat,
     /// Set aside the journal message the broker cannot read (the sequence it names), so it replays what
     /// follows and takes changes again. The message stays in the stream, unread.
-    Quarantine { seq: u64 },
+    Quarantine {
+        /// The journal message's sequence (`meridian journal format` names the one that cannot be read).
+        seq: u64,
+    },
 }
 
 #[derive(Subcommand, Debug)]
 pub enum ServiceCmd {
     /// Deploy a service, or replace its spec (TOML or JSON; see docs/serving.md).
-    Deploy { file: PathBuf },
+    Deploy {
+        /// The service file (TOML or JSON).
+        file: PathBuf,
+    },
     /// The services the token reads.
     List {
+        /// The tenant (an administrator's token may name any; a tenant's token, its own).
         #[arg(long)]
         tenant: Option<TenantId>,
     },
     /// A service: its replicas per site with their state, the demand they serve, their cost and kgCO2e per
     /// hour; the demand planned for; the recent changes and why.
     Show {
+        /// The service's name.
         name: meridian_federation::ServiceName,
+        /// The tenant (an administrator's token may name any; a tenant's token, its own).
         #[arg(long)]
         tenant: Option<TenantId>,
     },
     /// Delete a service: its replicas stop.
     Delete {
+        /// The service's name.
         name: meridian_federation::ServiceName,
+        /// The tenant (an administrator's token may name any; a tenant's token, its own).
         #[arg(long)]
         tenant: Option<TenantId>,
     },
     /// Report demand as a gateway: `--at NAME:LAT:LON:RATE` per user location (rate per second in the
     /// service's unit).
     Demand {
+        /// The service's name.
         name: meridian_federation::ServiceName,
+        /// A user location and its rate: `NAME:LAT:LON:RATE` (requests per second); repeatable.
         #[arg(long = "at", value_parser = parse_rate, required = true)]
         at: Vec<meridian_federation::LocationRate>,
+        /// The tenant (an administrator's token may name any; a tenant's token, its own).
         #[arg(long)]
         tenant: Option<TenantId>,
     },
     /// The routing table: per user location, the sites with running replicas within the SLO and their weights.
     Routes {
+        /// The service's name.
         name: meridian_federation::ServiceName,
+        /// The tenant (an administrator's token may name any; a tenant's token, its own).
         #[arg(long)]
         tenant: Option<TenantId>,
     },
@@ -115,11 +131,13 @@ pub enum ClientCmd {
         /// At most this many.
         #[arg(long)]
         limit: Option<usize>,
+        /// The tenant (an administrator's token may name any; a tenant's token, its own).
         #[arg(long)]
         tenant: Option<TenantId>,
         /// pending, offered, running, cancelling, succeeded, failed or cancelled.
         #[arg(long, value_parser = parse_phase)]
         state: Option<JobPhase>,
+        /// Only jobs that ran (or run) at this site.
         #[arg(long)]
         site: Option<SiteId>,
         /// Only live jobs (not the archive).
@@ -148,6 +166,7 @@ pub enum ClientCmd {
     Queue {
         /// Only this queue (a job that names none is in its tenant's).
         queue: Option<String>,
+        /// The tenant (an administrator's token may name any; a tenant's token, its own).
         #[arg(long)]
         tenant: Option<TenantId>,
         /// Waiting jobs listed per queue.
@@ -156,7 +175,10 @@ pub enum ClientCmd {
     },
     /// One job, a field a line: its state and why, site and pool, times (UTC), exit code, and its estimated
     /// and metered cost, energy and carbon.
-    Show { job: JobId },
+    Show {
+        /// The job's id (`j-000042`).
+        job: JobId,
+    },
     /// List sites.
     Sites,
     /// The accelerator catalogue: every pool of every site by model, with its free and total devices, price
@@ -169,15 +191,20 @@ pub enum ClientCmd {
     /// Explain where a job is placed, or why it waits: each candidate site's cost, energy, carbon and latency,
     /// or why it was rejected.
     Explain {
+        /// The job's id.
         job: JobId,
         /// Every site of the federation, as placement weighs the job now (none left out unscored).
         #[arg(long)]
         all: bool,
     },
     /// Cancel a job.
-    Cancel { job: JobId },
+    Cancel {
+        /// The job's id.
+        job: JobId,
+    },
     /// Show the tail of a job's output; `-f` follows it until the job ends.
     Logs {
+        /// The job's id.
         job: JobId,
         /// Keep printing new lines as the job writes them, until it ends (Ctrl-C stops following).
         #[arg(short, long)]
@@ -185,10 +212,15 @@ pub enum ClientCmd {
     },
     /// Show a job's life: every change with its time, attempt and site, each attempt's run time and amounts,
     /// the latest placement's best candidates, and the end of its log.
-    Timeline { job: JobId },
+    Timeline {
+        /// The job's id.
+        job: JobId,
+    },
     /// Drain a site (no new work; running work finishes); `--undo` lifts the drain.
     Drain {
+        /// The site's id.
         site: SiteId,
+        /// Lift the drain: the site takes new work again.
         #[arg(long)]
         undo: bool,
     },
@@ -197,9 +229,11 @@ pub enum ClientCmd {
     Service(ServiceCmd),
     /// Stop replicas of a service: pending ones first, then cloud, partner and owned ones.
     ScaleIn {
+        /// The service's name.
         service: meridian_federation::ServiceName,
         /// How many replicas to stop.
         remove: u32,
+        /// The tenant (an administrator's token may name any; a tenant's token, its own).
         #[arg(long)]
         tenant: TenantId,
     },
@@ -224,6 +258,7 @@ pub enum ClientCmd {
     /// Revoke a site (it is lost at once, its work requeued, and nothing it sends is taken; revoke its NATS
     /// credential too, with `meridian creds revoke`), or let it back in with `--restore`.
     RevokeSite {
+        /// The site's id.
         site: SiteId,
         /// Let a revoked site back in (its agent must hold a valid credential again).
         #[arg(long)]
@@ -245,6 +280,7 @@ pub enum ClientCmd {
     /// The metering ledger per tenant, site and accelerator model: accelerator-hours, USD, kWh (PUE included),
     /// kgCO2e, queue wait and attempts, for the attempts offered in a window.
     Report {
+        /// The tenant (an administrator's token may name any; a tenant's token, its own).
         #[arg(long)]
         tenant: Option<TenantId>,
         /// From this instant (UTC, `YYYY-MM-DDTHH:MMZ`).
@@ -271,6 +307,7 @@ pub enum TokenCmd {
         /// repeatable.
         #[arg(long = "role", required = true)]
         roles: Vec<String>,
+        /// A name to know it by in `token list` and the audit.
         #[arg(long)]
         name: Option<String>,
         /// Valid for this many days.
@@ -280,7 +317,10 @@ pub enum TokenCmd {
     /// List tokens (never their secrets).
     List,
     /// Revoke a token by id: refused from now on.
-    Revoke { id: String },
+    Revoke {
+        /// The token's id (`meridian token list`).
+        id: String,
+    },
 }
 
 /// `meridian submit`: a spec file, or a one-line job built from the flags and the command after `--`.

@@ -20,8 +20,10 @@ pub enum CredsCmd {
     /// Add an identity: a broker, a site (named by its site id) or an API client. Writes its NKey seed
     /// (`users/<name>.nk`) and client certificate, and the servers' authorization block.
     Add {
+        /// What the identity is.
         #[arg(value_enum)]
         kind: Kind,
+        /// Its name: a broker's name, a site's id or a client's name (its files are `users/<name>.*`).
         name: String,
         /// nats-server processes to reload at once (their pids); repeatable.
         #[arg(long = "reload")]
@@ -33,6 +35,7 @@ pub enum CredsCmd {
     /// `--reload`, the servers drop its connections now. (A revoked site's work is requeued by the broker once
     /// its heartbeats stop; `meridian revoke-site SITE` does it at once.)
     Revoke {
+        /// The identity's name.
         name: String,
         /// nats-server processes to reload at once (their pids); repeatable.
         #[arg(long = "reload")]
@@ -42,6 +45,7 @@ pub enum CredsCmd {
     /// identities (included from the folder's authorization.conf, which `add` and `revoke` rewrite: a reload
     /// applies them), JetStream encrypted at rest.
     ServerConfig {
+        /// The address the server listens on for clients.
         #[arg(long, default_value = "0.0.0.0:4222")]
         listen: String,
         /// JetStream's store folder.

@@ -139,6 +139,7 @@ pub enum Cmd {
     Broker(service::BrokerConfig),
     /// Bring up a local federation (nats-server, broker, one agent per site) until Ctrl-C or SIGTERM.
     Up {
+        /// The federation file (sites, tenancy): relative to the working folder, else to the checkout.
         #[arg(default_value = "configs/federation-demo.toml")]
         federation: PathBuf,
         #[command(flatten)]
@@ -166,6 +167,7 @@ pub enum Cmd {
     /// Print a shell completion script: `meridian completions bash > /etc/bash_completion.d/meridian`, or
     /// `source <(meridian completions bash)`.
     Completions {
+        /// The shell the script is for.
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
@@ -182,8 +184,10 @@ pub enum BenchCmd {
     Queue(bench::queue::QueueOptions),
     /// Decision latency with the site index, and by a plain scan of every site, over a synthetic federation.
     Placement {
+        /// Sites of the synthetic federation.
         #[arg(long, default_value_t = 1000)]
         sites: usize,
+        /// Decisions timed (each a new job against the federation as the earlier ones left it).
         #[arg(long, default_value_t = 2000)]
         decisions: usize,
     },
@@ -376,6 +380,32 @@ mod doc_tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::Cli;
     use clap::Parser;
+
+    /// Every command and every argument says what it is for in its help.
+    #[test]
+    fn every_command_and_argument_has_a_description() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for a in cmd.get_arguments() {
+                let id = a.get_id().as_str();
+                if ["help", "version"].contains(&id) || a.is_hide_set() {
+                    continue;
+                }
+                if a.get_help().is_none() && a.get_long_help().is_none() {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for c in cmd.get_subcommands().filter(|c| c.get_name() != "help") {
+                let p = format!("{path} {}", c.get_name());
+                if c.get_about().is_none() {
+                    missing.push(p.clone());
+                }
+                walk(c, &p, missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&super::command(), "meridian", &mut missing);
+        assert!(missing.is_empty(), "no description: {missing:#?}");
+    }
 
     /// `meridian --help` lists every command once, under its area.
     #[test]

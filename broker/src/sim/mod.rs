@@ -32,6 +32,8 @@ pub struct SimOptions {
     /// Azure LLM inference trace (CSV): requests for one inference service.
     #[arg(long)]
     pub inference: Option<PathBuf>,
+    /// The simulated federation (sites, pools, prices, carbon): relative to the working folder, else to the
+    /// checkout.
     #[arg(long, default_value = "configs/sim/federation.toml")]
     pub federation: PathBuf,
     /// Run only these policies or baselines, comma-separated: latency, cost, green, balanced,
@@ -46,6 +48,7 @@ pub struct SimOptions {
     /// lands against it (and, with --plot, draw it).
     #[arg(long)]
     pub front: bool,
+    /// Seed of the random draws (submitters' cities, users): the same seed gives the same run.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Trace time 0 maps to this instant (UTC, `YYYY-MM-DDTHH:MMZ`).
