@@ -407,6 +407,30 @@ mod doc_tests {
         assert!(missing.is_empty(), "no description: {missing:#?}");
     }
 
+    /// The site file and federation file examples of docs/sites.md are read by the agent's and the broker's
+    /// own parsers.
+    #[test]
+    fn the_documented_site_and_federation_files_parse() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let text = std::fs::read_to_string(root.join("docs/sites.md")).unwrap();
+        let block = |tag: &str| -> String {
+            let start = text
+                .find(&format!("```toml {tag}\n"))
+                .unwrap_or_else(|| panic!("no ```toml {tag} block"));
+            let body = &text[start..];
+            let body = &body[body.find('\n').unwrap() + 1..];
+            body[..body.find("```").unwrap()].to_owned()
+        };
+        let site = meridian_agent::config::parse_site_file(&block("site"))
+            .unwrap_or_else(|e| panic!("docs/sites.md's site file: {e}"));
+        assert_eq!(site.pools.len(), 1);
+        assert_eq!(site.carbon_forecast, [55, 52, 48]);
+        let fed = crate::local::FederationFile::parse(&block("federation"))
+            .unwrap_or_else(|e| panic!("docs/sites.md's federation file: {e}"));
+        assert_eq!(fed.sites.len(), 3);
+        assert_eq!(fed.broker.retention_ms, Some(60_000));
+    }
+
     /// `meridian --help` lists every command once, under its area.
     #[test]
     fn the_help_lists_every_command_once_by_area() {
