@@ -158,8 +158,9 @@ fn five_thousand_jobs_list_in_pages_and_archived_ones_stay_readable() {
 }
 
 /// A capacity what-if from real history: four one-GPU jobs queue on a one-GPU site and run one after another;
-/// once they have finished and left for the archive, `meridian plan --add` replays them on the site with three
-/// more GPUs, and the checker's wait drops (nothing waits). The history is an
+/// once they have finished and left for the archive, `meridian plan --add` (no file: the federation the broker
+/// places on) replays them on the site with three more GPUs, and the checker's wait drops (nothing waits); the
+/// federation's file gives the same. The history is an
 /// administrator's: a tenant's token is refused, and a change naming no site of the federation is an error.
 #[test]
 fn plan_replays_the_recorded_history_and_added_capacity_lowers_the_wait() {
@@ -179,13 +180,12 @@ fn plan_replays_the_recorded_history_and_added_capacity_lowers_the_wait() {
     });
     let fed_file = f.scratch.path().join("federation.toml");
     let fed_arg = fed_file.to_string_lossy().to_string();
+    // No federation file: the what-if runs on the federation the broker places on.
     let plan = |output: &str| {
         f.cli(&[
             "--output",
             output,
             "plan",
-            "--federation",
-            &fed_arg,
             "--days",
             "1",
             "--add",
@@ -220,8 +220,23 @@ fn plan_replays_the_recorded_history_and_added_capacity_lowers_the_wait() {
         text.contains("wait p95 (s)") && text.contains("add 3 × A100 to small"),
         "{text}"
     );
+    // The same from the federation's file, as an option.
+    let from_file = f.cli(&[
+        "--output",
+        "json",
+        "plan",
+        "--federation",
+        &fed_arg,
+        "--days",
+        "1",
+        "--add",
+        "small:A100:3",
+    ]);
+    let from_file: Value = serde_json::from_slice(&from_file.stdout).unwrap();
+    assert_eq!(from_file["today"], r["today"]);
+    assert_eq!(from_file["changed"], r["changed"]);
     // A change naming no site of the federation is refused with why.
-    let bad = f.cli(&["plan", "--federation", &fed_arg, "--add", "nowhere:A100:1"]);
+    let bad = f.cli(&["plan", "--add", "nowhere:A100:1"]);
     assert!(!bad.status.success());
     let err = String::from_utf8_lossy(&bad.stderr);
     assert!(

@@ -1353,6 +1353,43 @@ pub struct HistoryView {
     /// The tenancy (queues, quotas, priority classes, budgets) in force, as its file's text.
     pub tenancy_toml: Option<String>,
     pub jobs: Vec<HistoryJob>,
+    /// The federation the broker places on now, for a what-if on it (`meridian plan` without a file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub federation: Option<FederationView>,
+}
+
+/// The federation as a broker places on it: each site's facts and pools as last advertised (devices all free,
+/// healthy as last told), and the tables the broker was started with.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct FederationView {
+    pub sites: Vec<FederationSite>,
+    /// Residency regions: name → outline (GeoJSON), as the broker read them.
+    #[serde(default)]
+    pub regions: std::collections::BTreeMap<String, String>,
+    /// The measured round trips the broker places by, between a region where a site is (its `rtt_region`)
+    /// and any region of the table.
+    #[serde(default)]
+    pub rtt: Vec<RttView>,
+    /// The relative-throughput table of accelerator models (its TOML), if any.
+    #[serde(default)]
+    pub throughput_toml: Option<String>,
+}
+
+/// A measured round trip between two regions of the table, milliseconds.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RttView {
+    pub from: String,
+    pub to: String,
+    pub rtt_ms: f64,
+}
+
+/// One site of a [`FederationView`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FederationSite {
+    pub info: SiteInfo,
+    pub pools: Vec<PoolAdvert>,
+    /// Whether the broker counts it up now (a lost or revoked site is left out of a what-if's today).
+    pub up: bool,
 }
 
 /// One job of the history: its spec without its run spec (commands and environment stay out of it), and

@@ -33,6 +33,13 @@ impl RttTable {
         self.rtt.len()
     }
 
+    /// Every measured pair: `(from, to, rtt_ms)`, in no particular order.
+    pub fn entries(&self) -> impl Iterator<Item = (&str, &str, f64)> {
+        self.rtt
+            .iter()
+            .map(|((f, t), ms)| (f.as_str(), t.as_str(), *ms))
+    }
+
     pub fn is_empty(&self) -> bool {
         self.rtt.is_empty()
     }

@@ -133,6 +133,47 @@ pub fn site_view(site: &Site) -> SiteView {
     }
 }
 
+/// A site's facts and pools as the broker knows them, every device free (a what-if starts from an empty
+/// federation); power is the measured figure where the site reported one, as placement uses it.
+pub fn federation_site(site: &Site) -> meridian_federation::FederationSite {
+    use meridian_federation::{DeviceState, PoolAdvert, Sharing};
+    meridian_federation::FederationSite {
+        info: site.info.clone(),
+        pools: site
+            .pools
+            .iter()
+            .map(|p| PoolAdvert {
+                name: p.name.clone(),
+                kind: p.kind,
+                vendor: p.vendor.clone(),
+                model: p.model.clone(),
+                memory_mib: p.memory_mib,
+                count: p.devices.len() as u32,
+                devices_per_node: p.devices_per_node,
+                interconnect: Default::default(),
+                power_watts: p.power_watts,
+                measured_power_watts: None,
+                sharing: Sharing {
+                    milli: p.milli_sharing,
+                    mig_profiles: p.mig_profiles.clone(),
+                },
+                price_micro_usd_per_hour: p.price_micro_usd_per_hour,
+                spot_price_micro_usd_per_hour: p.spot_price_micro_usd_per_hour,
+                devices: p
+                    .devices
+                    .iter()
+                    .map(|d| DeviceState {
+                        index: d.index,
+                        healthy: d.healthy,
+                        used_milli: 0,
+                    })
+                    .collect(),
+            })
+            .collect(),
+        up: site.up,
+    }
+}
+
 /// A job's explanation with the decision it was placed by (or, for a waiting job, the decision placement would
 /// make now: see `Reactor::explain`).
 pub fn explain_view(job: &Job) -> ExplainView {

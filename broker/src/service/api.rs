@@ -816,7 +816,7 @@ async fn call_as(h: &BrokerHandle, who: &Principal, c: Call) -> Reply {
             };
             let from = req.from_ms.unwrap_or(0);
             match h.query(Query::History(from)).await {
-                Some(Answer::History(mut jobs, tenancy_toml)) => {
+                Some(Answer::History(mut jobs, tenancy_toml, sites)) => {
                     let live: std::collections::BTreeSet<JobId> =
                         jobs.iter().map(|j| j.job.clone()).collect();
                     let scanned = h
@@ -838,6 +838,17 @@ async fn call_as(h: &BrokerHandle, who: &Principal, c: Call) -> Reply {
                             now_ms: super::now_ms(),
                             tenancy_toml,
                             jobs,
+                            federation: Some(meridian_federation::FederationView {
+                                rtt: h.tables.rtt_touching(
+                                    &sites
+                                        .iter()
+                                        .filter_map(|s| s.info.rtt_region.as_deref())
+                                        .collect(),
+                                ),
+                                sites,
+                                regions: h.tables.regions.clone(),
+                                throughput_toml: h.tables.throughput_toml.clone(),
+                            }),
                         },
                     )
                 }

@@ -92,7 +92,12 @@ pub enum Answer {
     Sites(Vec<SiteView>),
     Placement(Option<(SiteId, u32)>),
     Ledger(Vec<meridian_core::ledger::LedgerEntry>),
-    History(Vec<meridian_federation::HistoryJob>, Option<String>),
+    /// The jobs, the tenancy's text, and the sites as the broker knows them.
+    History(
+        Vec<meridian_federation::HistoryJob>,
+        Option<String>,
+        Vec<meridian_federation::FederationSite>,
+    ),
     Tenancy(Option<String>),
     /// The format in force, and the journal message that keeps the broker read-only (sequence, reason).
     Format(u32, Option<(u64, String)>),
@@ -135,6 +140,9 @@ pub struct BrokerHandle {
     pub metrics: std::sync::Arc<metrics::Metrics>,
     /// Spans of job attempts, when an OTLP endpoint is configured.
     pub traces: Option<std::sync::Arc<traces::Traces>>,
+    /// The tables the broker was started with, as read (regions, round trips, throughput): what a what-if
+    /// needs besides the sites.
+    pub tables: std::sync::Arc<startup::Tables>,
 }
 
 impl BrokerHandle {

@@ -520,6 +520,7 @@ pub(super) fn answer(
                 .map(views::history_job)
                 .collect(),
             st.tenancy_toml().map(str::to_owned),
+            st.sites().values().map(views::federation_site).collect(),
         ),
         Query::Ledger => Answer::Ledger(
             st.jobs()

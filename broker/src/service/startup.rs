@@ -106,25 +106,79 @@ pub(super) fn parse_region(s: &str) -> Result<(String, PathBuf), String> {
     Ok((name.to_owned(), PathBuf::from(path)))
 }
 
-pub(super) fn load_regions(cfg: &BrokerConfig) -> anyhow::Result<Regions> {
-    let mut regions = Regions::default();
-    for (name, path) in &cfg.regions {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading region {name} from {}", path.display()))?;
-        let area = parse_geojson(&text)
-            .map_err(|e| anyhow::anyhow!("region {name} ({}): {e}", path.display()))?;
-        regions.insert(name, area);
-    }
-    Ok(regions)
+/// The tables a broker is started with, as read from their files: what it parses for placement, and what a
+/// capacity what-if is given with the sites (`HistoryView::federation`).
+#[derive(Debug, Default)]
+pub struct Tables {
+    /// Residency regions: name → GeoJSON.
+    pub regions: std::collections::BTreeMap<String, String>,
+    /// The measured round-trip table (empty without one).
+    pub rtt: RttTable,
+    /// The relative-throughput table (TOML).
+    pub throughput_toml: Option<String>,
 }
 
-pub(super) fn load_rtt(cfg: &BrokerConfig) -> anyhow::Result<RttTable> {
-    match &cfg.rtt_table {
-        None => Ok(RttTable::default()),
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            RttTable::from_azure_csv(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+impl Tables {
+    pub(super) fn read(cfg: &BrokerConfig) -> anyhow::Result<Tables> {
+        let read = |what: String, path: &std::path::Path| {
+            std::fs::read_to_string(path)
+                .with_context(|| format!("reading {what} from {}", path.display()))
+        };
+        let mut regions = std::collections::BTreeMap::new();
+        for (name, path) in &cfg.regions {
+            regions.insert(name.clone(), read(format!("region {name}"), path)?);
+        }
+        let rtt = match cfg.rtt_table.as_deref() {
+            None => RttTable::default(),
+            Some(p) => RttTable::from_azure_csv(&read("the round-trip table".into(), p)?)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?,
+        };
+        Ok(Tables {
+            regions,
+            rtt,
+            throughput_toml: cfg
+                .throughput
+                .as_deref()
+                .map(|p| read("the throughput table".into(), p))
+                .transpose()?,
+        })
+    }
+
+    /// The measured round trips from or to one of these regions (what a what-if on these sites can ask).
+    pub fn rtt_touching(
+        &self,
+        regions: &std::collections::BTreeSet<&str>,
+    ) -> Vec<meridian_federation::RttView> {
+        let mut out: Vec<meridian_federation::RttView> = self
+            .rtt
+            .entries()
+            .filter(|(f, t, _)| regions.contains(f) || regions.contains(t))
+            .map(|(f, t, ms)| meridian_federation::RttView {
+                from: f.to_owned(),
+                to: t.to_owned(),
+                rtt_ms: ms,
+            })
+            .collect();
+        out.sort_by(|a, b| (&a.from, &a.to).cmp(&(&b.from, &b.to)));
+        out
+    }
+
+    /// The residency regions, parsed.
+    pub(super) fn regions(&self) -> anyhow::Result<Regions> {
+        let mut regions = Regions::default();
+        for (name, text) in &self.regions {
+            let area = parse_geojson(text).map_err(|e| anyhow::anyhow!("region {name}: {e}"))?;
+            regions.insert(name, area);
+        }
+        Ok(regions)
+    }
+
+    /// The throughput table, parsed (every model at 1.0 without one).
+    pub(super) fn throughput(&self) -> anyhow::Result<meridian_core::throughput::Throughput> {
+        match &self.throughput_toml {
+            None => Ok(Default::default()),
+            Some(text) => meridian_core::throughput::Throughput::from_toml(text)
+                .map_err(|e| anyhow::anyhow!("the throughput table: {e}")),
         }
     }
 }
@@ -167,8 +221,9 @@ pub(super) fn check_secured(cfg: &BrokerConfig) -> anyhow::Result<()> {
 /// Runs the broker until SIGINT or SIGTERM.
 pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
     check_secured(&cfg)?;
-    let regions = load_regions(&cfg)?;
-    let rtt = load_rtt(&cfg)?;
+    let tables = Tables::read(&cfg)?;
+    let regions = tables.regions()?;
+    let rtt = tables.rtt.clone();
     tracing::info!(
         "{} residency regions, {} measured round trips",
         regions.names().count(),
@@ -180,15 +235,7 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
         refusal_cooldown_ms: cfg.offer_timeout_ms.max(2_000) * 2,
         exhaustive_passes: false,
     };
-    let throughput = match &cfg.throughput {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            meridian_core::throughput::Throughput::from_toml(&text)
-                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?
-        }
-        None => Default::default(),
-    };
+    let throughput = tables.throughput()?;
     let mut reactor =
         Reactor::new(core, rtt, regions, BufferJournal::default()).with_throughput(throughput);
     // Whether the broker's own connection is up: sites are not judged by heartbeats it could not hear.
@@ -371,6 +418,7 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
                 tracing::info!("exporting traces over OTLP/HTTP");
                 std::sync::Arc::new(traces::Traces::new(t))
             }),
+        tables: std::sync::Arc::new(tables),
     };
     let reactor_task = tokio::spawn(reactor_loop(
         reactor,

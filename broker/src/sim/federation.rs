@@ -26,7 +26,7 @@ pub struct SimSite {
     pub pools: Vec<PoolAdvert>,
     /// Hourly gCO2e/kWh from [`SERIES_EPOCH_MS`].
     pub series: Option<Vec<u32>>,
-    base: SiteInfo,
+    pub(crate) base: SiteInfo,
 }
 
 impl SimSite {
@@ -142,6 +142,113 @@ impl SimFederation {
             regions,
             throughput,
         })
+    }
+}
+
+impl SimFederation {
+    /// The federation a broker places on (`HistoryView::federation`): its sites as they last advertised
+    /// themselves (those it counts up), and the tables it was started with. A what-if on it needs no file.
+    pub fn from_view(view: &meridian_federation::FederationView) -> anyhow::Result<Self> {
+        let mut regions = Regions::default();
+        for (name, text) in &view.regions {
+            regions.insert(
+                name,
+                parse_geojson(text)
+                    .map_err(|e| anyhow::anyhow!("the broker's region {name}: {e}"))?,
+            );
+        }
+        let mut rtt = RttTable::default();
+        for r in &view.rtt {
+            rtt.insert(&r.from, &r.to, r.rtt_ms);
+        }
+        let throughput = match &view.throughput_toml {
+            Some(text) => Throughput::from_toml(text)
+                .map_err(|e| anyhow::anyhow!("the broker's throughput table: {e}"))?,
+            None => Throughput::default(),
+        };
+        let sites = view
+            .sites
+            .iter()
+            .filter(|s| s.up)
+            .map(|s| {
+                let file = site_file_of(s);
+                let base = file
+                    .site_info(SERIES_EPOCH_MS)
+                    .map_err(anyhow::Error::msg)?;
+                Ok(SimSite {
+                    id: s.info.id.clone(),
+                    pools: file.pools()?,
+                    series: None,
+                    base,
+                    file,
+                })
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        if sites.is_empty() {
+            anyhow::bail!("the broker counts no site up: nothing to replay on");
+        }
+        Ok(SimFederation {
+            sites,
+            rtt,
+            regions,
+            throughput,
+        })
+    }
+}
+
+/// The site file that says what a broker's view of a site says (the units of a file: USD, GiB, GB).
+fn site_file_of(s: &meridian_federation::FederationSite) -> SiteFile {
+    use meridian_agent::config::{BackendSection, DatasetEntry, PoolEntry};
+    let usd = |micro: u64| micro as f64 / 1e6;
+    let i = &s.info;
+    SiteFile {
+        id: i.id.clone(),
+        kind: i.kind,
+        tier: i.tier,
+        latitude: i.location.lat,
+        longitude: i.location.lon,
+        region_tags: i.region_tags.clone(),
+        rtt_region: i.rtt_region.clone(),
+        pue: i.pue,
+        carbon_g_per_kwh: i.carbon.g_per_kwh,
+        carbon_forecast: i.carbon.forecast.clone(),
+        carbon_series: None,
+        energy_usd_per_kwh: usd(i.energy_micro_usd_per_kwh),
+        egress_usd_per_gb: usd(i.egress_micro_usd_per_gb),
+        datasets: i
+            .datasets
+            .iter()
+            .map(|d| DatasetEntry {
+                name: d.name.clone(),
+                size_gb: d.size_bytes as f64 / 1e9,
+            })
+            .collect(),
+        pools: s
+            .pools
+            .iter()
+            .map(|p| PoolEntry {
+                name: p.name.clone(),
+                kind: p.kind,
+                vendor: p.vendor.clone(),
+                model: p.model.clone(),
+                // A whole number of MiB over 1024, and a little over it, so that the file's rounding down
+                // gives the same MiB back.
+                memory_gib: (p.memory_mib as f64 + 0.5) / 1024.0,
+                count: p.count,
+                devices_per_node: p.devices_per_node,
+                interconnect: p.interconnect,
+                power_watts: p.power_watts,
+                shareable: p.sharing.milli,
+                mig_profiles: p.sharing.mig_profiles.clone(),
+                price_usd_per_hour: usd(p.price_micro_usd_per_hour),
+                spot_price_usd_per_hour: p.spot_price_micro_usd_per_hour.map(usd),
+            })
+            .collect(),
+        agent: Default::default(),
+        backend: BackendSection {
+            kind: i.backend.unwrap_or_default(),
+            ..Default::default()
+        },
     }
 }
 

@@ -16,10 +16,11 @@ const DAY_MS: u64 = 24 * 3_600_000;
 /// Settings of one `meridian plan`.
 #[derive(Clone, Debug, clap::Args)]
 pub struct PlanOptions {
-    /// Today's federation: the federation file the sites run from (their pools, prices, carbon); by default
-    /// the one `meridian up` starts.
-    #[arg(long, default_value = "configs/federation-demo.toml")]
-    pub federation: PathBuf,
+    /// Today's federation from a federation file (its sites' pools, prices, carbon) instead of the running
+    /// broker's: by default the what-if runs on the sites the broker counts up now, as they last advertised
+    /// themselves, with the broker's regions, round-trip and throughput tables.
+    #[arg(long)]
+    pub federation: Option<PathBuf>,
     /// Replay the jobs submitted in the last N days.
     #[arg(long, default_value_t = 7)]
     pub days: u64,
@@ -300,7 +301,13 @@ pub struct PlanReport {
 
 /// Replays the history on today's federation and on the changed one.
 pub fn plan(opts: &PlanOptions, history: &HistoryView) -> anyhow::Result<PlanReport> {
-    let today = SimFederation::load(&opts.federation)?;
+    let today = match (&opts.federation, &history.federation) {
+        (Some(file), _) => SimFederation::load(file)?,
+        (None, Some(view)) => SimFederation::from_view(view)?,
+        (None, None) => anyhow::bail!(
+            "this broker does not say what its federation is (an earlier release): give it with --federation FILE"
+        ),
+    };
     let changes = opts.changes();
     if changes.is_empty() {
         anyhow::bail!("nothing to compare: give --add, --remove or --drain");
@@ -407,6 +414,7 @@ mod tests {
             now_ms: 100_000,
             tenancy_toml: None,
             jobs,
+            federation: None,
         }
     }
 
@@ -561,6 +569,102 @@ mod tests {
                 .unwrap_or_default();
             assert!(e.contains(says), "{e}");
         }
+    }
+
+    /// A what-if on the federation a broker describes (its sites as advertised, the tables it read) is the
+    /// what-if on the federation file it was started from.
+    #[test]
+    fn a_what_if_on_the_broker_s_federation_is_the_one_on_its_file() {
+        let path = crate::local::workspace_root().join("configs/federation-demo.toml");
+        let fed = SimFederation::load(&path).unwrap_or_else(|e| panic!("{e:#}"));
+        let (file, base) =
+            crate::local::FederationFile::load(&path).unwrap_or_else(|e| panic!("{e:#}"));
+        let read =
+            |p: std::path::PathBuf| std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{e}"));
+        let view = meridian_federation::FederationView {
+            sites: fed
+                .sites
+                .iter()
+                .map(|s| meridian_federation::FederationSite {
+                    info: s.base.clone(),
+                    pools: s.pools.clone(),
+                    up: true,
+                })
+                .collect(),
+            regions: file
+                .broker
+                .regions
+                .iter()
+                .map(|(name, rel)| (name.clone(), read(base.join(rel))))
+                .collect(),
+            // The pairs that touch a site's region, as a broker sends them.
+            rtt: file
+                .broker
+                .rtt_table
+                .as_deref()
+                .and_then(|rel| crate::data::data_file(rel).unwrap_or_else(|e| panic!("{e:#}")))
+                .map(|p| {
+                    let table = meridian_core::latency::RttTable::from_azure_csv(&read(p))
+                        .unwrap_or_else(|e| panic!("{e}"));
+                    let at: std::collections::BTreeSet<&str> = fed
+                        .sites
+                        .iter()
+                        .filter_map(|s| s.base.rtt_region.as_deref())
+                        .collect();
+                    table
+                        .entries()
+                        .filter(|(f, t, _)| at.contains(f) || at.contains(t))
+                        .map(|(f, t, ms)| meridian_federation::RttView {
+                            from: f.to_owned(),
+                            to: t.to_owned(),
+                            rtt_ms: ms,
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
+            throughput_toml: file
+                .broker
+                .throughput
+                .as_deref()
+                .map(|rel| read(base.join(rel))),
+        };
+        let from_broker = SimFederation::from_view(&view).unwrap_or_else(|e| panic!("{e:#}"));
+        assert_eq!(from_broker.sites.len(), fed.sites.len());
+        for (a, b) in fed.sites.iter().zip(&from_broker.sites) {
+            assert_eq!(a.id, b.id);
+            assert_eq!(a.pools, b.pools, "{}", a.id);
+            assert_eq!(a.base, b.base, "{}", a.id);
+        }
+        // The same what-if, both ways: a few one-GPU jobs, then 8 more H100s at dc-oregon.
+        let jobs = (0..6)
+            .map(|i| job(&format!("j-{i:06}"), JobPhase::Succeeded, Some(600), vec![]))
+            .collect();
+        let mut with_view = history(jobs);
+        let opts = |federation: Option<std::path::PathBuf>| PlanOptions {
+            federation,
+            days: 1,
+            add: vec![parse_devices("dc-oregon:H100:8").unwrap_or_else(|e| panic!("{e}"))],
+            remove: Vec::new(),
+            drain: Vec::new(),
+        };
+        let on_file =
+            plan(&opts(Some(path.clone())), &with_view).unwrap_or_else(|e| panic!("{e:#}"));
+        assert!(
+            plan(&opts(None), &with_view).is_err(),
+            "no file and no federation from the broker: an error"
+        );
+        with_view.federation = Some(view);
+        let on_view = plan(&opts(None), &with_view).unwrap_or_else(|e| panic!("{e:#}"));
+        assert_eq!(on_file.jobs, 6);
+        assert_eq!(
+            serde_json::to_value(&on_file).unwrap_or_default(),
+            serde_json::to_value(&on_view).unwrap_or_default()
+        );
+        // A site the broker counts down is not part of today's federation.
+        let mut one_down = with_view.federation.clone().unwrap_or_default();
+        one_down.sites[0].up = false;
+        let fewer = SimFederation::from_view(&one_down).unwrap_or_else(|e| panic!("{e:#}"));
+        assert_eq!(fewer.sites.len(), fed.sites.len() - 1);
     }
 
     #[test]
