@@ -407,28 +407,70 @@ mod doc_tests {
         assert!(missing.is_empty(), "no description: {missing:#?}");
     }
 
-    /// The site file and federation file examples of docs/sites.md are read by the agent's and the broker's
-    /// own parsers.
+    /// Every TOML example of the README and docs/ is read by the parser of what it shows, named on its fence
+    /// (```` ```toml job ````: a job spec; `service`, `site`, `federation`, `tenancy`; or `illustration`, not
+    /// read): the docs cannot drift from what the programs take.
     #[test]
-    fn the_documented_site_and_federation_files_parse() {
+    fn every_toml_example_in_the_docs_parses() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let text = std::fs::read_to_string(root.join("docs/sites.md")).unwrap();
-        let block = |tag: &str| -> String {
-            let start = text
-                .find(&format!("```toml {tag}\n"))
-                .unwrap_or_else(|| panic!("no ```toml {tag} block"));
-            let body = &text[start..];
-            let body = &body[body.find('\n').unwrap() + 1..];
-            body[..body.find("```").unwrap()].to_owned()
+        let mut files = vec![root.join("README.md")];
+        files.extend(
+            std::fs::read_dir(root.join("docs"))
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .filter(|p| p.extension().is_some_and(|e| e == "md")),
+        );
+        let as_json = |text: &str| -> Vec<u8> {
+            let mut v: serde_json::Value =
+                serde_json::to_value(toml::from_str::<toml::Value>(text).unwrap()).unwrap();
+            v["v"] = 1.into();
+            serde_json::to_vec(&v).unwrap()
         };
-        let site = meridian_agent::config::parse_site_file(&block("site"))
-            .unwrap_or_else(|e| panic!("docs/sites.md's site file: {e}"));
-        assert_eq!(site.pools.len(), 1);
-        assert_eq!(site.carbon_forecast, [55, 52, 48]);
-        let fed = crate::local::FederationFile::parse(&block("federation"))
-            .unwrap_or_else(|e| panic!("docs/sites.md's federation file: {e}"));
-        assert_eq!(fed.sites.len(), 3);
-        assert_eq!(fed.broker.retention_ms, Some(60_000));
+        let mut read = std::collections::BTreeMap::<String, usize>::new();
+        for file in files {
+            let text = std::fs::read_to_string(&file).unwrap();
+            let mut rest = text.as_str();
+            while let Some(at) = rest.find("```toml") {
+                let after = &rest[at + 7..];
+                let (tag, body) = after.split_once('\n').unwrap();
+                let end = body.find("```").unwrap();
+                let (tag, example) = (tag.trim(), &body[..end]);
+                let place = format!("{} ({tag})", file.display());
+                let parsed: Result<(), String> = match tag {
+                    "job" => meridian_federation::decode_strict::<meridian_federation::JobSpec>(
+                        &as_json(example),
+                    )
+                    .map(drop)
+                    .map_err(|e| e.to_string()),
+                    "service" => meridian_federation::decode_strict::<
+                        meridian_federation::ServiceSpec,
+                    >(&as_json(example))
+                    .map(drop)
+                    .map_err(|e| e.to_string()),
+                    "site" => meridian_agent::config::parse_site_file(example)
+                        .map(drop)
+                        .map_err(|e| e.to_string()),
+                    "federation" => crate::local::FederationFile::parse(example)
+                        .map(drop)
+                        .map_err(|e| e.to_string()),
+                    "tenancy" => meridian_core::quota::Tenancy::from_toml(example)
+                        .map(drop)
+                        .map_err(|e| e.to_string()),
+                    "illustration" => Ok(()),
+                    other => Err(format!(
+                        "untagged or unknown example {other:?}: tag its fence"
+                    )),
+                };
+                if let Err(e) = parsed {
+                    panic!("{place}: {e}");
+                }
+                *read.entry(tag.to_owned()).or_default() += 1;
+                rest = &body[end + 3..];
+            }
+        }
+        for tag in ["job", "service", "site", "federation"] {
+            assert!(read.contains_key(tag), "no {tag} example found: {read:?}");
+        }
     }
 
     /// `meridian --help` lists every command once, under its area.
