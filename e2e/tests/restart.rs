@@ -330,3 +330,50 @@ fn stopping_the_federation_leaves_no_job_process() {
     }
     drop(f.scratch);
 }
+
+/// `meridian up --state-dir DIR` keeps a federation: stopped and started again on the same folder, it resumes
+/// with the same credentials and administrator's token, the jobs it ran and the jobs that waited; the folder is
+/// refused to another federation file.
+#[test]
+fn a_federation_kept_in_a_state_folder_resumes_where_it_stopped() {
+    let state = tempfile::tempdir().unwrap();
+    let dir = state.path().join("federation");
+    let file = configs().join("federation-demo.toml");
+    let opts = || LocalOptions {
+        dir: Some(dir.clone()),
+        ..LocalOptions::default()
+    };
+    let (done, waiting, token) = {
+        let f = Fed::start_with(&file, opts());
+        assert!(!f.fed.resumed, "a new folder starts afresh");
+        let done = f.submit(&job("before-the-stop", 1, "echo kept"));
+        f.wait_phase(&done, "succeeded", LONG);
+        let mut nowhere = job("waits-across-the-stop", 1, "true");
+        nowhere["resources"]["models"] = json!(["B300"]);
+        let waiting = f.submit(&nowhere);
+        (done, waiting, f.token.clone())
+    };
+    let f = Fed::start_with(&file, opts());
+    assert!(f.fed.resumed);
+    assert_eq!(f.token, token, "the same administrator's token");
+    assert_eq!(f.job(&done)["phase"], "succeeded");
+    assert_eq!(f.job(&waiting)["phase"], "pending");
+    // The same idempotency key is the same job, across the stop.
+    let (status, again) = f.post(
+        "/v1/jobs",
+        job("before-the-stop", 1, "echo kept")
+            .to_string()
+            .as_bytes(),
+    );
+    assert_eq!(
+        (status, again["ok"]["job"].as_str()),
+        (200, Some(done.as_str()))
+    );
+    drop(f);
+    let other = configs().join("demo/federation.toml");
+    let refused = meridian_broker::local::LocalFederation::start(&other, opts())
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(refused.contains("holds the federation of"), "{refused}");
+}

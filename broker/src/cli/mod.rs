@@ -249,10 +249,10 @@ async fn up(federation: &std::path::Path, opts: LocalOptions) -> anyhow::Result<
     outln!(
         "logs and state in {} ({}); Ctrl-C stops everything",
         fed.dir.display(),
-        if fed.keeps_dir() {
-            "kept after exit"
-        } else {
-            "removed at exit; --state-dir DIR keeps them"
+        match (fed.keeps_dir(), fed.resumed) {
+            (true, true) => "resumed from the run before, kept after exit",
+            (true, false) => "kept after exit; the same --state-dir resumes it",
+            _ => "removed at exit; --state-dir DIR keeps them",
         }
     );
     match &fed.security {

@@ -88,8 +88,10 @@ pub struct LocalOptions {
     /// Extra arguments for every agent.
     #[arg(skip)]
     pub agent_args: Vec<String>,
-    /// Keep the federation's logs, credentials and state in this folder after it stops (a new or empty
-    /// folder: a federation is not resumed from one). Without it they go in a temporary folder, removed at exit.
+    /// Keep the federation's logs, credentials and state in this folder after it stops; started again with the
+    /// same folder and federation file, it resumes (the same credentials, token, jobs and journal). A folder of
+    /// other files, or another federation's, is refused. Without it they go in a temporary folder, removed at
+    /// exit.
     #[arg(long = "state-dir", value_name = "DIR")]
     pub dir: Option<PathBuf>,
     /// `cluster`: three clustered nats-servers (JetStream replicas 3), edge sites on leaf nodes, and a standby
@@ -167,6 +169,9 @@ pub struct LocalFederation {
     agent_args: Vec<String>,
     /// The broker's program and arguments (without name and address file), to start it again.
     broker_cmd: (PathBuf, Vec<std::ffi::OsString>),
+    /// Started from the state a federation of the same file left in its folder (`--state-dir`): the same
+    /// credentials, token, journal and archive.
+    pub resumed: bool,
 }
 
 impl Drop for LocalFederation {
@@ -206,15 +211,15 @@ impl LocalFederation {
 
     pub fn start(file: &Path, opts: LocalOptions) -> anyhow::Result<Self> {
         let (fed, base) = FederationFile::load(file)?;
-        let (tmp, dir) = match &opts.dir {
+        let (tmp, dir, resumed) = match &opts.dir {
             Some(d) => {
-                usable_state_dir(d)?;
-                (None, d.clone())
+                let resumed = usable_state_dir(d, &process::resolve(file))?;
+                (None, d.clone(), resumed)
             }
             None => {
                 let t = tempfile::Builder::new().prefix("meridian-").tempdir()?;
                 let d = t.path().to_path_buf();
-                (Some(t), d)
+                (Some(t), d, false)
             }
         };
         let standby = opts.standby || opts.topology == Topology::Cluster;
@@ -302,6 +307,7 @@ impl LocalFederation {
             heartbeat_ms: opts.heartbeat_ms,
             agent_args: opts.agent_args.clone(),
             broker_cmd: (meridian, args),
+            resumed,
         };
         this.start_broker(0)?;
         this.wait_for_broker()?;
@@ -563,20 +569,40 @@ impl LocalFederation {
 
 /// One secured nats-server (TLS, identities, JetStream encrypted) with a broker identity, for tests of the
 /// broker's JetStream parts; returns it and the access of the broker's storage identity.
-/// A folder a federation's files may go in: made if absent; refused if it holds anything, since a federation
-/// started there would overwrite one that ran before rather than resume it.
-fn usable_state_dir(d: &Path) -> anyhow::Result<()> {
+/// The file in a state folder that names the federation file it holds the state of.
+const STATE_MARK: &str = "federation.path";
+
+/// A folder a federation's files may go in, and whether a federation that ran before is resumed from it: made
+/// if absent; an empty one starts afresh; one a federation of `file` left (its credentials, journal, logs) is
+/// resumed; anything else is refused rather than written over — a folder of other files, or the state of
+/// another federation file.
+fn usable_state_dir(d: &Path, file: &Path) -> anyhow::Result<bool> {
     std::fs::create_dir_all(d)
         .with_context(|| format!("making the state folder {}", d.display()))?;
     let mut entries = std::fs::read_dir(d)
         .with_context(|| format!("reading the state folder {}", d.display()))?;
-    if entries.next().is_some() {
+    let file = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_path_buf());
+    let mark = d.join(STATE_MARK);
+    if entries.next().is_none() {
+        std::fs::write(&mark, file.as_os_str().as_encoded_bytes())
+            .with_context(|| format!("writing {}", mark.display()))?;
+        return Ok(false);
+    }
+    let Ok(was) = std::fs::read(&mark) else {
         anyhow::bail!(
-            "the state folder {} is not empty: a federation is not resumed from one; give a new folder",
+            "the state folder {} holds files that are not a local federation's: give an empty or new folder",
             d.display()
         );
+    };
+    if was != file.as_os_str().as_encoded_bytes() {
+        anyhow::bail!(
+            "the state folder {} holds the federation of {}, not of {}: give that file to resume it, or a new folder",
+            d.display(),
+            String::from_utf8_lossy(&was),
+            file.display()
+        );
     }
-    Ok(())
+    Ok(true)
 }
 
 pub fn secured_nats(dir: &Path) -> anyhow::Result<(Nats, meridian_federation::access::Access)> {
@@ -671,14 +697,35 @@ mod tests {
     use super::usable_state_dir;
 
     #[test]
-    fn a_state_folder_is_made_or_taken_empty_and_refused_when_it_holds_a_federation() {
+    fn a_state_folder_is_made_resumed_by_its_federation_and_refused_to_any_other() {
         let t = tempfile::tempdir().unwrap();
+        let (file, other) = (t.path().join("fed.toml"), t.path().join("other.toml"));
+        std::fs::write(&file, "").unwrap();
+        std::fs::write(&other, "").unwrap();
         let new = t.path().join("a/b");
-        usable_state_dir(&new).unwrap();
+        assert!(
+            !usable_state_dir(&new, &file).unwrap(),
+            "a new folder starts afresh"
+        );
         assert!(new.is_dir());
-        usable_state_dir(&new).unwrap();
         std::fs::write(new.join("broker.log"), "").unwrap();
-        let e = usable_state_dir(&new).unwrap_err().to_string();
-        assert!(e.contains("not empty") && e.contains("new folder"), "{e}");
+        assert!(
+            usable_state_dir(&new, &file).unwrap(),
+            "the same federation resumes"
+        );
+        let e = usable_state_dir(&new, &other).unwrap_err().to_string();
+        assert!(
+            e.contains("holds the federation of") && e.contains("new folder"),
+            "{e}"
+        );
+        let stranger = t.path().join("c");
+        std::fs::create_dir_all(&stranger).unwrap();
+        std::fs::write(stranger.join("notes.txt"), "mine").unwrap();
+        let e = usable_state_dir(&stranger, &file).unwrap_err().to_string();
+        assert!(e.contains("not a local federation's"), "{e}");
+        assert_eq!(
+            std::fs::read_to_string(stranger.join("notes.txt")).unwrap(),
+            "mine"
+        );
     }
 }
