@@ -69,6 +69,25 @@ fn placement_on_the_demo_federation() {
     f.wait_phase(&d, "succeeded", LONG);
     assert_eq!(site_of(&f, &p), "dc-oregon", "{}", f.explain(&p));
     assert_eq!(site_of(&f, &d), "dc-virginia", "{}", f.explain(&d));
+    // The explanation says in words that where the data is decided it.
+    let decided = f.explain(&d)["decided_by"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        decided.starts_with("data locality: ") && decided.contains("less data to move"),
+        "{decided}"
+    );
+    println!("{d} decided by {decided}");
+    let decided = f.explain(&p)["decided_by"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        !decided.is_empty() && !decided.starts_with("data locality"),
+        "{decided}"
+    );
+    println!("{p} decided by {decided}");
 
     // explain --all: every site of the federation weighed, none left out by the index unscored.
     let (status, all) = f.get(&format!("/v1/jobs/{d}/explain?all=true"));

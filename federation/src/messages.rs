@@ -2016,6 +2016,10 @@ pub struct ExplainView {
     /// those of the decision that placed it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub every_site_now: bool,
+    /// In words, what set the chosen candidate apart: the term it gains most on against the next best one
+    /// (price, carbon, latency, data to move), what it gives up, and what kept the other sites out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decided_by: Option<String>,
 }
 
 /// A reply of the NATS request-reply API: exactly one of `ok` and `error` is present.

@@ -181,7 +181,7 @@ pub fn explain_view(job: &Job) -> ExplainView {
 }
 
 pub fn explain_with(job: &Job, decision: Option<&Decision>) -> ExplainView {
-    let pruned = decision
+    let pruned: Vec<meridian_federation::PrunedView> = decision
         .map(|d| {
             d.pruned
                 .iter()
@@ -223,11 +223,121 @@ pub fn explain_with(job: &Job, decision: Option<&Decision>) -> ExplainView {
         why: job.why.clone(),
         policy,
         decided_at_ms,
-        candidates,
+        decided_by: decided_by(&candidates, &pruned),
         pruned,
         history: history(job),
         every_site_now: false,
+        candidates,
     }
+}
+
+/// In words, what set the chosen candidate apart from the next best one it was weighed against: the term it
+/// gains most on, relatively (price, carbon, latency to its users, data to move); what it gives up on the
+/// others; and what kept the other sites out (each reason with its count). `None` when nothing was chosen.
+pub fn decided_by(
+    candidates: &[CandidateView],
+    pruned: &[meridian_federation::PrunedView],
+) -> Option<String> {
+    let chosen = candidates.iter().find(|c| c.chosen)?;
+    let terms = chosen.terms.as_ref()?;
+    let mut out = String::new();
+    // The others it was weighed against: scored, and passed over only for scoring worse.
+    let outscored = placement::Reject::Outscored.to_string();
+    let weighed = |c: &CandidateView| c.rejected.as_ref().is_none_or(|r| *r == outscored);
+    let runner = candidates
+        .iter()
+        .filter(|c| !c.chosen && weighed(c))
+        .filter_map(|c| c.terms.as_ref().map(|t| (c, t)))
+        .min_by(|a, b| a.1.score.total_cmp(&b.1.score));
+    match runner {
+        None if pruned.is_empty() => out.push_str("the only candidate that could take it"),
+        None => out.push_str(&format!(
+            "the only candidate the site index let through ({} sites not scored; `explain --all` weighs every \
+             site)",
+            pruned.iter().map(|p| p.sites).sum::<usize>()
+        )),
+        Some((other, o)) => {
+            let usd = |micro: u64| format!("${:.2}", micro as f64 / 1e6);
+            let kg = |g: u64| format!("{:.3} kgCO2e", g as f64 / 1e3);
+            let gb = |b: u64| format!("{:.1} GB", b as f64 / 1e9);
+            // (name, relative gain, the gain in words, the loss in words)
+            let rel = |mine: f64, theirs: f64| (theirs - mine) / mine.abs().max(theirs.abs()).max(1e-9);
+            let terms_compared = [
+                (
+                    "price",
+                    rel(terms.cost_micro_usd as f64, o.cost_micro_usd as f64),
+                    format!("{} cheaper", usd(o.cost_micro_usd.saturating_sub(terms.cost_micro_usd))),
+                    format!("{} dearer", usd(terms.cost_micro_usd.saturating_sub(o.cost_micro_usd))),
+                ),
+                (
+                    "carbon",
+                    rel(terms.co2_g as f64, o.co2_g as f64),
+                    format!("{} less", kg(o.co2_g.saturating_sub(terms.co2_g))),
+                    format!("{} more", kg(terms.co2_g.saturating_sub(o.co2_g))),
+                ),
+                (
+                    "latency",
+                    rel(terms.latency_ms, o.latency_ms),
+                    format!("{:.0} ms nearer its users", o.latency_ms - terms.latency_ms),
+                    format!("{:.0} ms farther from its users", terms.latency_ms - o.latency_ms),
+                ),
+                (
+                    "data locality",
+                    rel(terms.data_bytes_moved as f64, o.data_bytes_moved as f64),
+                    format!(
+                        "{} less data to move (egress)",
+                        gb(o.data_bytes_moved.saturating_sub(terms.data_bytes_moved))
+                    ),
+                    format!(
+                        "{} more data to move",
+                        gb(terms.data_bytes_moved.saturating_sub(o.data_bytes_moved))
+                    ),
+                ),
+            ];
+            // Differences under half a per cent are ties, not reasons.
+            let best = terms_compared
+                .iter()
+                .filter(|t| t.1 > 0.005)
+                .max_by(|a, b| a.1.total_cmp(&b.1));
+            match best {
+                Some((name, _, gain, _)) => out.push_str(&format!(
+                    "{name}: {gain} than {} ({}), the next best",
+                    other.site,
+                    other.tier.as_str()
+                )),
+                None if chosen.tier < other.tier => out.push_str(&format!(
+                    "tier: {} capacity is used before {} ({} is no better on any term)",
+                    chosen.tier.as_str(),
+                    other.tier.as_str(),
+                    other.site
+                )),
+                None => out.push_str(&format!(
+                    "the score of its policy, against {} ({}), the next best",
+                    other.site,
+                    other.tier.as_str()
+                )),
+            }
+            let given_up: Vec<&str> = terms_compared
+                .iter()
+                .filter(|t| t.1 < -0.005)
+                .map(|t| t.3.as_str())
+                .collect();
+            if !given_up.is_empty() {
+                out.push_str(&format!("; it is {}", given_up.join(", ")));
+            }
+        }
+    }
+    let mut kept_out: std::collections::BTreeMap<&str, usize> = Default::default();
+    for c in candidates.iter().filter(|c| !c.chosen && !weighed(c)) {
+        if let Some(r) = &c.rejected {
+            *kept_out.entry(r.as_str()).or_default() += 1;
+        }
+    }
+    if !kept_out.is_empty() {
+        let reasons: Vec<String> = kept_out.iter().map(|(r, n)| format!("{r} ({n})")).collect();
+        out.push_str(&format!("; kept out: {}", reasons.join(", ")));
+    }
+    Some(out)
 }
 
 /// A job as a capacity what-if replays it: its spec without the run spec (commands and environment are not
@@ -433,4 +543,92 @@ fn history(job: &Job) -> Vec<String> {
         .into_iter()
         .chain(job.history.iter().map(|(t, what)| format!("{t} {what}")))
         .collect()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use meridian_federation::Tier;
+
+    fn candidate(
+        site: &str,
+        tier: Tier,
+        usd: f64,
+        co2_g: u64,
+        gb: u64,
+        chosen: bool,
+    ) -> CandidateView {
+        CandidateView {
+            site: SiteId::new(site).unwrap(),
+            tier,
+            pool: Some("gpu".into()),
+            terms: Some(TermsView {
+                cost_micro_usd: (usd * 1e6) as u64,
+                energy_wh: 1_000,
+                co2_g,
+                latency_ms: 10.0,
+                data_bytes_moved: gb * 1_000_000_000,
+                score: if chosen { 0.1 } else { 0.2 },
+            }),
+            rejected: None,
+            chosen,
+        }
+    }
+
+    #[test]
+    fn the_deciding_term_is_named_with_what_the_choice_gives_up_and_what_kept_sites_out() {
+        // Cheaper by a third, dirtier by a tenth: price decided, carbon given up.
+        let mut c = vec![
+            candidate("oregon", Tier::Owned, 2.0, 1_100, 0, true),
+            candidate("paris", Tier::Partner, 3.0, 1_000, 0, false),
+        ];
+        c.push(CandidateView {
+            rejected: Some("outside residency eu".into()),
+            terms: None,
+            ..candidate("virginia", Tier::Owned, 0.0, 0, 0, false)
+        });
+        c.push(CandidateView {
+            rejected: Some("outside residency eu".into()),
+            terms: None,
+            ..candidate("ohio", Tier::Owned, 0.0, 0, 0, false)
+        });
+        assert_eq!(
+            decided_by(&c, &[]).unwrap(),
+            "price: $1.00 cheaper than paris (partner), the next best; it is 0.100 kgCO2e more; \
+             kept out: outside residency eu (2)"
+        );
+        // Where the data is: 90 TB not moved outweighs a dearer price.
+        let d = [
+            candidate("virginia", Tier::Owned, 2.5, 1_000, 0, true),
+            candidate("oregon", Tier::Owned, 2.0, 1_000, 90_000, false),
+        ];
+        let said = decided_by(&d, &[]).unwrap();
+        assert!(
+            said.starts_with("data locality: 90000.0 GB less data to move (egress) than oregon"),
+            "{said}"
+        );
+        assert!(said.ends_with("; it is $0.50 dearer"), "{said}");
+        // Equal on every term: the tier decided.
+        let t = [
+            candidate("own", Tier::Owned, 2.0, 1_000, 0, true),
+            candidate("cloud", Tier::Cloud, 2.0, 1_000, 0, false),
+        ];
+        assert!(decided_by(&t, &[])
+            .unwrap()
+            .starts_with("tier: owned capacity is used before cloud"));
+        // Alone, or nothing chosen.
+        assert_eq!(
+            decided_by(&t[..1], &[]).unwrap(),
+            "the only candidate that could take it"
+        );
+        assert_eq!(decided_by(&t[1..], &[]), None);
+        let pruned = [meridian_federation::PrunedView {
+            reason: "no free capacity".into(),
+            sites: 5,
+        }];
+        assert!(decided_by(&t[..1], &pruned)
+            .unwrap()
+            .starts_with("the only candidate the site index let through (5 sites not scored"));
+    }
 }

@@ -459,6 +459,9 @@ pub fn sites(sites: &[SiteView]) {
 pub fn explain(e: &ExplainView) {
     outln!("{} is {}: {}", e.job, e.phase.as_str(), e.why);
     outln!("policy {}", e.policy);
+    if let Some(d) = &e.decided_by {
+        outln!("decided by {d}");
+    }
     if e.every_site_now {
         outln!("every site as placement weighs the job now (not the decision that placed it):");
     }
