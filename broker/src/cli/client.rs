@@ -909,12 +909,16 @@ fn since_at(s: &str, now_ms: u64) -> Result<u64, String> {
     let s = s.trim();
     let bad = || {
         format!(
-            "{s:?}: expected an instant (2026-12-04, 2026-12-04T20:00Z, 2026-12-04T20:00:00Z) or a span \
-             before now (90s, 30m, 1h, 2d)"
+            "{s:?}: expected an instant (2026-12-04, 2026-12-04T20:00Z, 2026-12-04T20:00:00.5+01:00: \
+             UTC unless it says its offset) or a span before now (90s, 30m, 1h, 2d)"
         )
     };
     if let Some(span) = span_ms(s) {
         return Ok(now_ms.saturating_sub(span));
+    }
+    // Any RFC 3339 instant: seconds' fractions and offsets from UTC (`2026-12-04T21:00:00.5+01:00`).
+    if let Ok(t) = time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339) {
+        return u64::try_from(t.unix_timestamp_nanos() / 1_000_000).map_err(|_| bad());
     }
     let t = s.strip_suffix('Z').unwrap_or(s);
     let (date, time) = t.split_once('T').unwrap_or((t, "00:00"));
@@ -940,6 +944,14 @@ mod since_tests {
         assert_eq!(since_at("2026-12-04T00:00Z", now), Ok(day));
         assert_eq!(since_at("2026-12-04T00:00:00Z", now), Ok(day));
         assert_eq!(since_at("2026-12-04T01:30Z", now), Ok(day + 5_400_000));
+        assert_eq!(
+            since_at("2026-12-04T02:30:00.250+01:00", now),
+            Ok(day + 5_400_250)
+        );
+        assert_eq!(
+            since_at("2026-12-03T20:30:00-05:00", now),
+            Ok(day + 5_400_000)
+        );
         assert!(since_at("yesterday", now)
             .unwrap_err()
             .contains("expected an instant"));
