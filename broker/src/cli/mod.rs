@@ -118,6 +118,99 @@ pub fn command() -> clap::Command {
     cmd
 }
 
+/// The command-line reference (`docs/cli.md`): every command by area, each with its usage, its description
+/// and its arguments, made from the same definitions as `--help` (a test keeps the file equal to it).
+pub fn reference_markdown() -> String {
+    fn args(cmd: &clap::Command, out: &mut String) {
+        for a in cmd.get_arguments() {
+            let id = a.get_id().as_str();
+            if ["help", "version"].contains(&id) || a.is_hide_set() || a.is_global_set() {
+                continue;
+            }
+            let name = match (a.get_long(), a.get_short()) {
+                (Some(l), _) => format!("--{l}"),
+                (None, Some(c)) => format!("-{c}"),
+                (None, None) => format!("<{}>", id.to_uppercase()),
+            };
+            let help = a
+                .get_help()
+                .map(|h| h.to_string().replace('\n', " "))
+                .unwrap_or_default();
+            let default: Vec<String> = a
+                .get_default_values()
+                .iter()
+                .map(|v| v.to_string_lossy().into_owned())
+                .collect();
+            let flag = matches!(a.get_action(), clap::ArgAction::SetTrue);
+            let default = if default.is_empty() || flag {
+                String::new()
+            } else {
+                format!(" (default `{}`)", default.join(","))
+            };
+            let env = a
+                .get_env()
+                .map(|e| format!(" [env `{}`]", e.to_string_lossy()))
+                .unwrap_or_default();
+            out.push_str(&format!("- `{name}`: {help}{default}{env}\n"));
+        }
+    }
+    fn section(cmd: &clap::Command, path: &str, out: &mut String) {
+        let mut c = cmd.clone();
+        let usage = c.render_usage().to_string();
+        let usage = usage.trim_start_matches("Usage: ");
+        out.push_str(&format!("### `{path}`\n\n"));
+        if let Some(about) = cmd.get_about() {
+            out.push_str(&format!("{about}\n\n"));
+        }
+        out.push_str(&format!("`{usage}`\n\n"));
+        args(cmd, out);
+        out.push('\n');
+        for sub in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
+            section(sub, &format!("{path} {}", sub.get_name()), out);
+        }
+    }
+    let root = Cli::command_for_reference();
+    let mut out = String::from(
+        "# Command-line reference\n\n\
+         Made from the same definitions as `meridian --help` (`cli::doc_tests` keeps this file equal to them; \
+         `MERIDIAN_WRITE_DOCS=1 cargo test -p meridian-broker --lib cli_reference` writes it again).\n\n\
+         ## Options of every command\n\n",
+    );
+    for a in root.get_arguments().filter(|a| a.is_global_set()) {
+        let help = a
+            .get_help()
+            .map(|h| h.to_string().replace('\n', " "))
+            .unwrap_or_default();
+        let env = a
+            .get_env()
+            .map(|e| format!(" [env `{}`]", e.to_string_lossy()))
+            .unwrap_or_default();
+        out.push_str(&format!(
+            "- `--{}`: {help}{env}\n",
+            a.get_long().unwrap_or_default()
+        ));
+    }
+    out.push('\n');
+    for (title, names) in GROUPS {
+        out.push_str(&format!("## {title}\n\n"));
+        for name in *names {
+            if let Some(sub) = root.find_subcommand(name) {
+                section(sub, &format!("meridian {name}"), &mut out);
+            }
+        }
+    }
+    out
+}
+
+impl Cli {
+    /// The command as clap builds it (every subcommand visible).
+    fn command_for_reference() -> clap::Command {
+        let mut c = <Cli as clap::CommandFactory>::command();
+        c.build();
+        c
+    }
+}
+
 /// The arguments of this process, parsed by [`command`] (help and errors end the process, as clap's do).
 pub fn parse() -> Cli {
     use clap::FromArgMatches;
@@ -470,6 +563,27 @@ mod doc_tests {
         }
         for tag in ["job", "service", "site", "federation"] {
             assert!(read.contains_key(tag), "no {tag} example found: {read:?}");
+        }
+    }
+
+    /// docs/cli.md is the reference `--help` is made from, word for word.
+    #[test]
+    fn cli_reference_is_current() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/cli.md");
+        let made = super::reference_markdown();
+        if std::env::var_os("MERIDIAN_WRITE_DOCS").is_some() {
+            std::fs::write(&path, &made).unwrap();
+        }
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            text == made,
+            "docs/cli.md differs from the CLI's definitions: run MERIDIAN_WRITE_DOCS=1 cargo test -p \
+             meridian-broker --lib cli_reference"
+        );
+        for (_, names) in super::GROUPS {
+            for n in *names {
+                assert!(text.contains(&format!("### `meridian {n}`")), "{n}");
+            }
         }
     }
 
