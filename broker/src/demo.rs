@@ -376,6 +376,8 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<bool> {
     // noting why each job waits as it does.
     let mut waited: std::collections::BTreeMap<JobId, Vec<String>> = Default::default();
     let deadline = Instant::now() + Duration::from_secs(120);
+    let progress = crate::progress::Progress::runs(ids.len(), "the workload:");
+    progress.start("jobs running, waiting or done as the broker placed them");
     let views = loop {
         let views = client.jobs().await?;
         for v in &views {
@@ -386,14 +388,17 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<bool> {
                 }
             }
         }
-        let done = views.iter().all(|v| match role_of(&v.job) {
+        let settled = |v: &&JobView| match role_of(&v.job) {
             "service" => v.phase == JobPhase::Running,
             "deadline" => {
                 v.phase.is_terminal() || v.wait_reason.as_deref() == Some("carbon_deferral")
             }
             _ => v.phase.is_terminal(),
-        });
-        if done || Instant::now() > deadline {
+        };
+        let n = views.iter().filter(settled).count();
+        progress.at(n, views.len());
+        if n == views.len() || Instant::now() > deadline {
+            drop(progress);
             break views;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;

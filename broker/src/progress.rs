@@ -30,6 +30,12 @@ impl Progress {
     pub fn done(&self) {
         self.0.inc(1);
     }
+
+    /// How many are done of how many, as counted afresh.
+    pub fn at(&self, done: usize, total: usize) {
+        self.0.set_length(total as u64);
+        self.0.set_position(done as u64);
+    }
 }
 
 impl Drop for Progress {
