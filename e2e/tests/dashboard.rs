@@ -232,22 +232,32 @@ fn trust_ca(home: &Path, ca: &Path) {
     ]);
 }
 
+/// A large owned site on a clean grid, far from the others.
+fn oregon() -> SiteSpec<'static> {
+    SiteSpec {
+        lat: 45.6,
+        lon: -121.2,
+        carbon: 80,
+        ..SiteSpec::new("dc-oregon", "owned", "H100", 8, 2.0)
+    }
+}
+
+/// A partner's site in Europe.
+fn paris() -> SiteSpec<'static> {
+    SiteSpec {
+        lat: 48.86,
+        lon: 2.35,
+        carbon: 50,
+        ..SiteSpec::new("eu-paris", "partner", "A100", 2, 1.5)
+    }
+}
+
 #[test]
 fn the_dashboard_shows_sites_jobs_and_a_jobs_page_in_a_real_browser() {
     let sites = [
         SiteSpec::new("dc-virginia", "owned", "A100", 4, 1.0),
-        SiteSpec {
-            lat: 45.6,
-            lon: -121.2,
-            carbon: 80,
-            ..SiteSpec::new("dc-oregon", "owned", "H100", 8, 2.0)
-        },
-        SiteSpec {
-            lat: 48.86,
-            lon: 2.35,
-            carbon: 50,
-            ..SiteSpec::new("eu-paris", "partner", "A100", 2, 1.5)
-        },
+        oregon(),
+        paris(),
     ];
     let f = Fed::generated(&sites, "");
     let mut near_london = job("from-london", 1, "sleep 600");
@@ -451,18 +461,8 @@ fn the_dashboard_counts_pages_and_maps_ten_thousand_jobs() {
             edge: true,
             ..SiteSpec::new("edge-nyc", "owned", "A100", 2, 1.8)
         },
-        SiteSpec {
-            lat: 45.6,
-            lon: -121.2,
-            carbon: 80,
-            ..SiteSpec::new("dc-oregon", "owned", "H100", 8, 2.0)
-        },
-        SiteSpec {
-            lat: 48.86,
-            lon: 2.35,
-            carbon: 50,
-            ..SiteSpec::new("eu-paris", "partner", "A100", 2, 1.5)
-        },
+        oregon(),
+        paris(),
     ];
     let f = Fed::generated(&sites, "");
     let viewer = f.create_token(None, &["viewer"]);

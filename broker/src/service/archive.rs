@@ -38,6 +38,21 @@ struct LedgerBatch {
     entries: Vec<LedgerEntry>,
 }
 
+/// Gives an archived job to a scan's `keep` (whether it wants more). A message no broker wrote is left out of
+/// listings (and named in the log); the rest still reads.
+fn offer(seq: u64, payload: &[u8], keep: &mut impl FnMut(Archived) -> bool) -> bool {
+    match decode(payload) {
+        Ok(a) => keep(a),
+        Err(e) => {
+            tracing::warn!(
+                "{} message {seq} cannot be read, left out: {e:#}",
+                subjects::ARCHIVE_STREAM
+            );
+            true
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct Archive {
     js: jetstream::Context,
@@ -151,17 +166,7 @@ impl Archive {
                 .info()
                 .map_err(|e| anyhow::anyhow!("{e}"))?
                 .stream_sequence;
-            // A message no broker wrote is left out of listings (and named in the log); the rest still reads.
-            let more = match decode(&m.payload) {
-                Ok(a) => keep(a),
-                Err(e) => {
-                    tracing::warn!(
-                        "{} message {seq} cannot be read, left out: {e:#}",
-                        subjects::ARCHIVE_STREAM
-                    );
-                    true
-                }
-            };
+            let more = offer(seq, &m.payload, &mut keep);
             if seq >= last {
                 return Ok(None);
             }
@@ -194,16 +199,7 @@ impl Archive {
                 }
                 Err(e) => return Err(e).context("reading the archive"),
             };
-            let more = match decode(&m.payload) {
-                Ok(a) => keep(a),
-                Err(e) => {
-                    tracing::warn!(
-                        "{} message {seq} cannot be read, left out: {e:#}",
-                        subjects::ARCHIVE_STREAM
-                    );
-                    true
-                }
-            };
+            let more = offer(seq, &m.payload, &mut keep);
             seq -= 1;
             if !more {
                 return Ok((seq >= first && seq > 0).then_some(seq));
