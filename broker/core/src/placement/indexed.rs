@@ -2,7 +2,7 @@
 
 use super::filters::{judge_pool, site_reject, PoolJudgement};
 use super::scan::place_over;
-use super::terms::{score, PerTerm, Rule, Term, Terms};
+use super::terms::{rank, score, PerTerm, Rule, Term, Terms};
 use super::{policy_of, weights, Decision, Outcome, Request, View, DEFAULT_DURATION_S};
 use crate::index::{Objective, SiteIndex};
 use crate::latency;
@@ -138,6 +138,33 @@ fn best_of<'a>(
     best
 }
 
+/// Walks the cost list for the cheapest pool that can run the job now — by cost, then carbon, then latency, as
+/// a rule with a premium counts "the cheapest" — and returns its terms; every site looked at is added to
+/// `examined`.
+fn cheapest_of<'a>(
+    view: View<'a>,
+    req: Request<'_>,
+    now: Millis,
+    list: List<'a>,
+    duration_ms: u64,
+    examined: &mut Vec<&'a SiteId>,
+) -> Option<PerTerm> {
+    let key = |v: &PerTerm| [Term::Cost, Term::Carbon, Term::Latency].map(|t| v.get(t));
+    let mut best: Option<PerTerm> = None;
+    for (lower, id, pool_name) in list {
+        if best.is_some_and(|b| lower > b.get(Term::Cost)) {
+            break;
+        }
+        if let Some(t) = examine(view, req, now, id, pool_name, duration_ms, examined) {
+            let v = t.values();
+            if best.is_none_or(|b| key(&v) < key(&b)) {
+                best = Some(v);
+            }
+        }
+    }
+    best
+}
+
 /// Placement through the index without scoring every site with room, where an exact search applies:
 /// - `cost`, `green`, `latency`: walk the pools best-first by a lower bound of the policy's first term (cost and
 ///   carbon per reference device-hour; round trip from the users by the triangle inequality in an R-tree) and
@@ -145,7 +172,11 @@ fn best_of<'a>(
 /// - `balanced` and weights on cost, carbon and latency: find each term's best the same way (the normalisation
 ///   needs them), then run the threshold algorithm over the three lists: the score only grows with each term,
 ///   so a pool not yet seen scores at least the score of the lists' current bounds, and the search stops when
-///   the best exact score is below that.
+///   the best exact score is below that;
+/// - `balanced` and `max_cost_premium` (the knee rule): find the cheapest pool (its cost and carbon are the
+///   units of the score) and each other term's best, then run the threshold algorithm with the knee score,
+///   infinite for a pool over the premium limit: the score only grows with each term, so the search stops at
+///   the first bound no pool within the limit can beat, instead of examining every pool within it.
 ///
 /// The sites examined are then evaluated by `place_over`, in site-id order, so the decision and its
 /// explanation are those of a full scan restricted to sites that can matter. Jobs with datasets, measured
@@ -171,10 +202,12 @@ pub(super) fn place_indexed<'a>(
     }
     let rule = Rule::of(&policy, view.format);
     let premium = rule.premium();
+    let knee = matches!(rule, Rule::Knee(_));
     let lexicographic_term = match policy {
         Policy::Cost => Some(Term::Cost),
         Policy::Green => Some(Term::Carbon),
         Policy::Latency => Some(Term::Latency),
+        _ if knee => None,
         // Rules with a premium choose among the pools within it of the cheapest: found from the cost list.
         _ if premium.is_some() => Some(Term::Cost),
         _ => None,
@@ -189,6 +222,10 @@ pub(super) fn place_indexed<'a>(
     let used: Vec<Term> = match lexicographic_term {
         Some(t) => vec![t],
         None if matches!(rule, Rule::CarbonPrice(_)) => vec![Term::Cost, Term::Carbon],
+        None if knee => [Term::Cost, Term::Carbon, Term::Latency]
+            .into_iter()
+            .filter(|t| *t != Term::Latency || (ws.get(*t) > 0.0 && !spec.users.is_empty()))
+            .collect(),
         None => [Term::Cost, Term::Carbon, Term::Latency]
             .into_iter()
             .filter(|t| ws.get(*t) > 0.0 && (*t != Term::Latency || !spec.users.is_empty()))
@@ -214,7 +251,41 @@ pub(super) fn place_indexed<'a>(
         if !found {
             continue;
         }
-        if premium.is_some() {
+        if knee {
+            let cost_list = lists(view, spec, index, tier, &[Term::Cost], duration_ms);
+            let Some(cheapest) = cost_list.into_iter().next().and_then(|(_, list)| {
+                cheapest_of(view, req, now, list, duration_ms, &mut examined)
+            }) else {
+                continue;
+            };
+            let limit = req.spent.limit(rule, cheapest.get(Term::Cost));
+            // The terms not searched are the same at every pool here (no data to move; no users, or latency
+            // weighed at 0): their best is any finite value.
+            let mut best = best;
+            for t in Term::ALL {
+                if best.get(t).is_nan() {
+                    best.set(t, 0.0);
+                }
+            }
+            let knee_score = |v: &PerTerm| -> f64 {
+                if v.get(Term::Cost) <= limit {
+                    rank(rule, v, &best, &cheapest, &ws, &req.spent).1
+                } else {
+                    f64::INFINITY
+                }
+            };
+            threshold_search(
+                view,
+                req,
+                now,
+                index,
+                tier,
+                &used,
+                &knee_score,
+                duration_ms,
+                &mut examined,
+            );
+        } else if premium.is_some() {
             let limit = req.spent.limit(rule, best.get(Term::Cost));
             // Every pool whose cost may be within the premium of the cheapest is examined.
             for (term, list) in lists(view, spec, index, tier, &used, duration_ms) {

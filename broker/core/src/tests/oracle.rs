@@ -111,6 +111,109 @@ mod index_oracle {
     use crate::index::SiteIndex;
     use proptest::prelude::*;
 
+    /// A decision for a tenant that has spent `spent` so far, with or without the index.
+    fn spending(
+        sites: &std::collections::BTreeMap<meridian_federation::SiteId, crate::model::Site>,
+        spec: &JobSpec,
+        index: Option<&SiteIndex>,
+        spent: crate::placement::Spent,
+    ) -> Outcome {
+        let (rtt, regions) = (
+            crate::latency::RttTable::default(),
+            crate::regions::Regions::default(),
+        );
+        let throughput = crate::throughput::Throughput::default();
+        let view = crate::placement::View {
+            sites,
+            rtt: &rtt,
+            regions: &regions,
+            throughput: &throughput,
+            index,
+            format: crate::durable::FORMAT_VERSION,
+        };
+        let request = crate::placement::Request {
+            spec,
+            waited_ms: 0,
+            refused: &[],
+            capped: &[],
+            baseline: None,
+            spent,
+            queue_policy: None,
+        };
+        crate::placement::place(view, request, 0).outcome
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Where the searches stop early matters only when there are many sites: on a federation of a few
+        /// hundred, with prices and carbon spread as real ones are, the index still places every job exactly
+        /// where a scan of every site does, under the rules that search several terms.
+        #[test]
+        fn the_index_changes_no_placement_among_hundreds_of_sites(
+            seed in any::<u64>(),
+            n in 100usize..400,
+            policy in 0usize..4,
+            need in 1u32..5,
+            banked in proptest::option::of(0u64..500_000_000),
+            inference in any::<bool>(),
+        ) {
+            let mut x = seed | 1;
+            let mut next = move |below: u64| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x % below
+            };
+            let adverts: Vec<SiteAdvert> = (0..n).map(|i| {
+                let devices = 4 + next(12) as u32;
+                let mut b = site(
+                    &format!("s{i:03}"),
+                    Tier::ALL[(next(10) / 8) as usize],
+                    next(120) as f64 - 60.0,
+                    next(340) as f64 - 170.0,
+                )
+                .gpus(["A100", "H100", "L4"][next(3) as usize], devices, 0.5 + next(400) as f64 / 100.0)
+                .carbon(20 + next(680) as u32);
+                for d in 0..next(u64::from(devices) + 1) as u32 {
+                    b = b.used(d as usize, 1000);
+                }
+                b.build()
+            }).collect();
+            let sites = sites(adverts);
+            let mut index = SiteIndex::default();
+            for s in sites.values() {
+                index.update(s, &Default::default());
+            }
+            let mut spec = job("k", need);
+            let weighted = Policy::Weights(Weights { cost: 1.0, energy: 0.0, carbon: 2.0, latency: 0.5, data: 0.0 });
+            spec.policy = Some([Policy::Balanced, Policy::MaxCostPremium(0.05), Policy::CarbonPriceUsdPerT(190.0), weighted][policy].clone());
+            if inference {
+                spec.kind = JobKind::Inference;
+            }
+            spec.users = vec![UserLocation {
+                name: None,
+                location: GeoPoint { lat: next(100) as f64 - 50.0, lon: next(300) as f64 - 150.0 },
+                weight: 1.0,
+                rtt_region: None,
+            }];
+            let spent = crate::placement::Spent {
+                chosen_micro_usd: banked.unwrap_or(0),
+                cheapest_micro_usd: banked.unwrap_or(0),
+            };
+            let full = spending(&sites, &spec, None, spent);
+            let indexed = spending(&sites, &spec, Some(&index), spent);
+            match (&full, &indexed) {
+                (Outcome::Place(a), Outcome::Place(b)) => {
+                    prop_assert_eq!(&a.site, &b.site);
+                    prop_assert_eq!(&a.devices, &b.devices);
+                }
+                (Outcome::Wait(a), Outcome::Wait(b)) => prop_assert_eq!(a, b),
+                _ => prop_assert!(false, "full scan {:?} vs index {:?}", full, indexed),
+            }
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(1000))]
 
@@ -123,6 +226,7 @@ mod index_oracle {
             policy in 0usize..7,
             users in proptest::collection::vec((-60.0f64..60.0, -170.0f64..170.0, 0.1f64..5.0), 1..4),
             inference in any::<bool>(),
+            banked in proptest::option::of(0u64..200_000_000),
         ) {
             let adverts: Vec<SiteAdvert> = counts.iter().enumerate().map(|(i, (n, busy, tier, price, carbon))| {
                 let mut b = site(&format!("s{i}"), Tier::ALL[*tier], (i as f64) * 5.0, (i as f64) * 7.0)
@@ -152,7 +256,13 @@ mod index_oracle {
                 .iter()
                 .map(|(lat, lon, w)| UserLocation { name: None, location: GeoPoint { lat: *lat, lon: *lon }, weight: *w, rtt_region: None })
                 .collect();
-            let decide = |index: Option<&SiteIndex>| decide_on(&sites, &spec, &Default::default(), index, 0).outcome;
+            // A tenant that has banked premium (its earlier jobs cost their cheapest): the premium rules may
+            // spend more on this one, up to their per-job cap.
+            let spent = crate::placement::Spent {
+                chosen_micro_usd: banked.unwrap_or(0),
+                cheapest_micro_usd: banked.unwrap_or(0),
+            };
+            let decide = |index: Option<&SiteIndex>| spending(&sites, &spec, index, spent);
             let (full, indexed) = (decide(None), decide(Some(&index)));
             match (&full, &indexed) {
                 (Outcome::Place(a), Outcome::Place(b)) => {
