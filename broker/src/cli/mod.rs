@@ -561,7 +561,7 @@ mod doc_tests {
                 rest = &body[end + 3..];
             }
         }
-        for tag in ["job", "service", "site", "federation"] {
+        for tag in ["job", "service", "site", "federation", "tenancy"] {
             assert!(read.contains_key(tag), "no {tag} example found: {read:?}");
         }
     }
