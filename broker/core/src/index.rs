@@ -230,6 +230,24 @@ impl SiteIndex {
             .map(|(bits, id, pool)| (f64::from_bits(*bits), id, pool))
     }
 
+    /// The lower bound one pool with room is listed under for `objective` (as [`Self::ordered`] gives it), if it
+    /// is listed.
+    pub fn bound(
+        &self,
+        kind: AcceleratorKind,
+        tier: Tier,
+        objective: Objective,
+        id: &SiteId,
+        pool: &PoolName,
+    ) -> Option<f64> {
+        self.ordered_entries
+            .get(id)?
+            .iter()
+            .find_map(|(key, bits, p)| {
+                (*key == (kind, tier, objective) && p == pool).then(|| f64::from_bits(*bits))
+            })
+    }
+
     fn remove(&mut self, id: &SiteId) {
         if let Some(old) = self.entries.remove(id) {
             for (k, w, m) in old {

@@ -48,6 +48,16 @@ fn examine<'a>(
     ready_terms(view, req, now, site, pool, duration_ms)
 }
 
+/// The device-hours of the job's expected run (all its replicas).
+fn device_hours(spec: &JobSpec, duration_ms: u64) -> f64 {
+    spec.total_milli() as f64 / 1000.0 * duration_ms as f64 / 3_600_000.0
+}
+
+/// A whole-job lower bound from a per-device-hour one, with room for integer rounding.
+fn whole_job(per_device_hour: f64, device_hours: f64) -> f64 {
+    per_device_hour * device_hours * (1.0 - 1e-3) - 1.0
+}
+
 /// One best-first list of pools with room: (lower bound of the term, site, pool), ascending by the bound.
 type List<'a> = Box<dyn Iterator<Item = (f64, &'a SiteId, &'a PoolName)> + 'a>;
 
@@ -60,8 +70,7 @@ fn lists<'a>(
     terms_used: &[Term],
     duration_ms: u64,
 ) -> Vec<(Term, List<'a>)> {
-    // A whole-job bound from a per-device-hour bound, with room for integer rounding.
-    let scale = spec.total_milli() as f64 / 1000.0 * duration_ms as f64 / 3_600_000.0;
+    let scale = device_hours(spec, duration_ms);
     let kind = spec.resources.kind;
     let mut out: Vec<(Term, List<'a>)> = Vec::new();
     for &term in terms_used {
@@ -75,7 +84,7 @@ fn lists<'a>(
                 Box::new(
                     index
                         .ordered(kind, tier, objective)
-                        .map(move |(b, id, p)| (b * scale * (1.0 - 1e-3) - 1.0, id, p)),
+                        .map(move |(b, id, p)| (whole_job(b, scale), id, p)),
                 )
             }
             _ => {
@@ -274,6 +283,14 @@ pub(super) fn place_indexed<'a>(
                     f64::INFINITY
                 }
             };
+            // A pool whose cost cannot be within the limit is not worth examining when another list reaches it.
+            let scale = device_hours(spec, duration_ms);
+            let kind = spec.resources.kind;
+            let over_limit = |id: &SiteId, pool: &PoolName| {
+                index
+                    .bound(kind, tier, Objective::Cost, id, pool)
+                    .is_some_and(|b| whole_job(b, scale) > limit)
+            };
             threshold_search(
                 view,
                 req,
@@ -282,6 +299,7 @@ pub(super) fn place_indexed<'a>(
                 tier,
                 &used,
                 &knee_score,
+                &over_limit,
                 duration_ms,
                 &mut examined,
             );
@@ -316,6 +334,7 @@ pub(super) fn place_indexed<'a>(
                 tier,
                 &used,
                 score,
+                &|_, _| false,
                 duration_ms,
                 &mut examined,
             );
@@ -342,7 +361,7 @@ pub(super) fn place_indexed<'a>(
 }
 
 /// Fagin's threshold algorithm over the tier's lists for a score that never falls when a term grows; adds
-/// every site it scores to `examined`.
+/// every site it scores to `examined`. A pool `beyond` says cannot score finitely is passed over unexamined.
 #[allow(clippy::too_many_arguments)]
 fn threshold_search<'a>(
     view: View<'a>,
@@ -352,6 +371,7 @@ fn threshold_search<'a>(
     tier: Tier,
     used: &[Term],
     score: &dyn Fn(&PerTerm) -> f64,
+    beyond: &dyn Fn(&SiteId, &PoolName) -> bool,
     duration_ms: u64,
     examined: &mut Vec<&'a SiteId>,
 ) {
@@ -376,7 +396,7 @@ fn threshold_search<'a>(
             };
             advanced = true;
             frontier.set(*term, lower);
-            if !seen.insert((id, pool_name)) {
+            if !seen.insert((id, pool_name)) || beyond(id, pool_name) {
                 continue;
             }
             if let Some(t) = examine(view, req, now, id, pool_name, duration_ms, examined) {
