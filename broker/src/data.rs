@@ -14,7 +14,7 @@ fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true")
 }
 
-/// The data file at `rel` under the data folder: `Ok(None)` when it is absent (outside CI).
+/// The data file at `rel` under the data folder: `Ok(None)` when it is absent (outside CI; with a warning).
 pub fn data_file(rel: &Path) -> anyhow::Result<Option<PathBuf>> {
     let p = data_dir().join(rel);
     if p.exists() {
@@ -26,5 +26,11 @@ pub fn data_file(rel: &Path) -> anyhow::Result<Option<PathBuf>> {
             p.display()
         );
     }
+    // Said, not silent: what uses it falls back to a smaller input (a yearly carbon figure for an hourly
+    // series, the distance estimate for measured round trips), and results differ.
+    tracing::warn!(
+        "data file {} is missing: using the fallback; set MERIDIAN_DATA to the data folder",
+        p.display()
+    );
     Ok(None)
 }
