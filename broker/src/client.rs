@@ -96,6 +96,37 @@ impl Client {
         })
     }
 
+    /// Waits until every site of a local federation is up as the broker sees it; an error names how many
+    /// came up and where the logs are.
+    pub async fn wait_for_sites(
+        &self,
+        fed: &crate::local::LocalFederation,
+        within: Duration,
+    ) -> anyhow::Result<()> {
+        let want = fed.site_ids().len();
+        let mut up = 0;
+        let all_up = async {
+            loop {
+                up = self
+                    .sites()
+                    .await
+                    .map(|s| s.iter().filter(|s| s.up).count())
+                    .unwrap_or(0);
+                if up == want {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        };
+        if tokio::time::timeout(within, all_up).await.is_err() {
+            anyhow::bail!(
+                "only {up} of {want} sites came up; logs in {}",
+                fed.dir.display()
+            );
+        }
+        Ok(())
+    }
+
     pub async fn submit(&self, spec: &JobSpec) -> anyhow::Result<meridian_federation::SubmitReply> {
         self.call(api::SUBMIT, spec).await
     }

@@ -282,24 +282,7 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<bool> {
     })?;
     let client = Client::of(&fed).await?;
     let want = fed.site_ids().len();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let up = client
-            .sites()
-            .await
-            .map(|s| s.iter().filter(|s| s.up).count())
-            .unwrap_or(0);
-        if up == want {
-            break;
-        }
-        if Instant::now() > deadline {
-            anyhow::bail!(
-                "only {up} of {want} sites came up; logs in {}",
-                fed.dir.display()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    client.wait_for_sites(&fed, Duration::from_secs(30)).await?;
     if !opts.json {
         println!(
             "Meridian demo: {want} sites up on {} (HTTP API {})",

@@ -1,6 +1,7 @@
 //! The README's tour and the docs' examples, run as a new user would: every `meridian` command their shell
 //! blocks show, from a folder that is not the checkout, against a federation `meridian up` starts (the demo
-//! federation, secured), each exiting 0. Not run here: `up` itself (the federation is the test's), `jobs
+//! federation, secured), each exiting 0. `up` itself runs in the second test, as a user runs it (its printed
+//! lines are all a second shell needs; SIGTERM stops it; `--state-dir` resumes it). Not run here: `jobs
 //! --watch`, which runs until Ctrl-C (`federation.rs` runs it and stops it), and the blocks marked as
 //! illustrations (a cluster, a week's simulation); summaries with `[optional]` parts are parsed only.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
@@ -57,4 +58,101 @@ fn every_command_of_the_readme_and_docs_runs_from_another_folder() {
         "docs/ commands are run too"
     );
     assert!(ran >= 15, "only {ran} of the documented commands ran");
+}
+
+/// The tour's first command as a user runs it: `meridian up --state-dir DIR` from another folder prints what a
+/// second shell needs; with those lines alone `meridian sites` reaches the federation; SIGTERM stops it and
+/// leaves its folder; the same command again resumes it (the same token), and stops again.
+#[test]
+fn meridian_up_prints_what_a_second_shell_needs_and_resumes_from_its_state_dir() {
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::process::CommandExt;
+    let elsewhere = tempfile::tempdir().unwrap();
+    let state = elsewhere.path().join("state");
+    let up = |resumed: bool| -> Vec<(String, String)> {
+        let mut child = std::process::Command::new(local::sibling_binary("meridian").unwrap())
+            .args(["up", "--state-dir"])
+            .arg(&state)
+            .current_dir(elsewhere.path())
+            .env_remove("MERIDIAN_NATS")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pgid = nix::unistd::Pid::from_raw(child.id() as i32);
+        let mut said = Vec::new();
+        let mut exports = Vec::new();
+        for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+            let line = line.unwrap();
+            if let Some(pairs) = line.strip_prefix("export ") {
+                for pair in pairs.split_whitespace() {
+                    if let Some((k, v)) = pair.split_once('=') {
+                        exports.push((k.to_owned(), v.to_owned()));
+                    }
+                }
+            }
+            let done = line.starts_with("try: meridian sites");
+            said.push(line);
+            if done {
+                break;
+            }
+        }
+        let text = said.join("\n");
+        assert!(
+            text.contains(if resumed {
+                "resumed from the run before"
+            } else {
+                "the same --state-dir resumes it"
+            }),
+            "{text}"
+        );
+        let names: Vec<&str> = exports.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "MERIDIAN_NATS",
+                "MERIDIAN_CA",
+                "MERIDIAN_CREDS",
+                "MERIDIAN_TOKEN"
+            ],
+            "{text}"
+        );
+        // A second shell with those lines and nothing else.
+        let sites = std::process::Command::new(local::sibling_binary("meridian").unwrap())
+            .arg("sites")
+            .current_dir(elsewhere.path())
+            .env_clear()
+            .envs(exports.iter().cloned())
+            .output()
+            .unwrap();
+        assert!(
+            sites.status.success() && String::from_utf8_lossy(&sites.stdout).contains("dc-oregon"),
+            "{}\n{}",
+            String::from_utf8_lossy(&sites.stdout),
+            String::from_utf8_lossy(&sites.stderr)
+        );
+        nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGTERM).unwrap();
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            if child.try_wait().unwrap().is_some() {
+                break;
+            }
+            if std::time::Instant::now() > until {
+                let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
+                panic!("meridian up did not stop on SIGTERM within 60 s");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        assert!(state.join("creds").is_dir(), "the state folder is kept");
+        exports
+    };
+    let first = up(false);
+    let again = up(true);
+    let token = |e: &[(String, String)]| e.iter().find(|(k, _)| k == "MERIDIAN_TOKEN").cloned();
+    assert_eq!(
+        token(&first),
+        token(&again),
+        "the same administrator's token"
+    );
 }

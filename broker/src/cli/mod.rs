@@ -320,6 +320,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<bool> {
 
 async fn up(federation: &std::path::Path, opts: LocalOptions) -> anyhow::Result<bool> {
     let fed = tokio::task::block_in_place(|| LocalFederation::start(federation, opts))?;
+    // What is printed next is what a second shell needs: the sites are there when it looks.
+    crate::client::Client::of(&fed)
+        .await?
+        .wait_for_sites(&fed, std::time::Duration::from_secs(60))
+        .await?;
     outln!("federation up: HTTP API {}", fed.http);
     outln!("dashboard: {}", fed.dashboard_address());
     for (i, n) in fed.nats.nodes.iter().enumerate() {
