@@ -226,7 +226,7 @@ function overviewSkeleton() {
         el("g", { id: "countries" }), el("g", { id: "flows" }), el("g", { id: "sites" })),
       el("div", { class: "legend", id: "legend" })),
     el("section", { id: "queues-card" }, el("h2", {}, "Queues ", el("span", { class: "muted", id: "live-count" })), el("table", { id: "queues" })),
-    el("section", { id: "spend-card" }, el("h2", {}, "Spend and carbon per tenant"), el("div", { id: "spend" }, el("p", { class: "muted" }, "…"))),
+    el("section", { id: "spend-card" }, el("h2", {}, "Spend and carbon per tenant, last 24 h"), el("div", { id: "spend" }, el("p", { class: "muted" }, "…"))),
     el("section", { class: "wide", id: "services-card" }, el("h2", {}, "Services"), el("table", { id: "services" })),
     el("section", { class: "wide", id: "sites-card" }, el("h2", {}, "Sites"), el("table", { id: "sites-table" })),
     el("section", { class: "wide", id: "jobs-card" },
@@ -456,10 +456,11 @@ function drawJobs() {
 async function drawSpend() {
   const box = document.getElementById("spend");
   if (!box) return;
-  const first = Math.min(...state.jobs.map((j) => j.submitted_at_ms), Date.now() - 3600e3);
+  // The last day (the jobs on the table are only a page of them, so they do not say when work began).
   const now = Date.now() + 1000;
+  const first = now - 24 * 3600e3;
   const points = [...Array(8).keys()].map((i) => Math.round(first + ((now - first) * (i + 1)) / 8));
-  const reports = await Promise.all(points.map((t) => api(`/v1/report?to_ms=${t}`)));
+  const reports = await Promise.all(points.map((t) => api(`/v1/report?from_ms=${first}&to_ms=${t}`)));
   const last = reports[reports.length - 1];
   const series = (tenant, key) => reports.map((r) => (r.by_tenant.find((row) => row.key === tenant) || {})[key] || 0);
   const spark = (values, cls) => {
@@ -476,7 +477,7 @@ async function drawSpend() {
     el("table", {},
       el("thead", {}, el("tr", {}, ["tenant", "USD", "over time", "kWh", "kgCO2e", "over time"].map((h) => el("th", {}, h)))),
       el("tbody", {}, rows.length ? rows : el("tr", {}, el("td", { colspan: 6, class: "muted" }, "nothing metered yet")))),
-    el("p", { class: "muted" }, `metered attempts, cumulative since ${new Date(first).toLocaleString()}`));
+    el("p", { class: "muted" }, `metered attempts of the last 24 h, cumulative, since ${new Date(first).toISOString().slice(0, 16).replace("T", " ")} UTC`));
 }
 
 // ---------------------------------------------------------------- job page
