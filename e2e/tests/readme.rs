@@ -60,6 +60,36 @@ fn every_command_of_the_readme_and_docs_runs_from_another_folder() {
     assert!(ran >= 15, "only {ran} of the documented commands ran");
 }
 
+/// A `meridian up` started by a test: stopped on drop as Ctrl-C would stop it (SIGTERM, so it stops the
+/// processes it started), then killed if it has not ended, so a failed assertion leaks nothing.
+struct Up(std::process::Child);
+
+impl Up {
+    /// Sends SIGTERM and waits for the exit; whether it ended within `within`.
+    fn stop(&mut self, within: std::time::Duration) -> bool {
+        let pgid = nix::unistd::Pid::from_raw(self.0.id() as i32);
+        let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGTERM);
+        let until = std::time::Instant::now() + within;
+        while std::time::Instant::now() < until {
+            if self.0.try_wait().ok().flatten().is_some() {
+                return true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
+        let _ = self.0.wait();
+        false
+    }
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        if self.0.try_wait().ok().flatten().is_none() {
+            self.stop(std::time::Duration::from_secs(30));
+        }
+    }
+}
+
 /// The tour's first command as a user runs it: `meridian up --state-dir DIR` from another folder prints what a
 /// second shell needs; with those lines alone `meridian sites` reaches the federation; SIGTERM stops it and
 /// leaves its folder; the same command again resumes it (the same token), and stops again.
@@ -70,20 +100,21 @@ fn meridian_up_prints_what_a_second_shell_needs_and_resumes_from_its_state_dir()
     let elsewhere = tempfile::tempdir().unwrap();
     let state = elsewhere.path().join("state");
     let up = |resumed: bool| -> Vec<(String, String)> {
-        let mut child = std::process::Command::new(local::sibling_binary("meridian").unwrap())
-            .args(["up", "--state-dir"])
-            .arg(&state)
-            .current_dir(elsewhere.path())
-            .env_remove("MERIDIAN_NATS")
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .process_group(0)
-            .spawn()
-            .unwrap();
-        let pgid = nix::unistd::Pid::from_raw(child.id() as i32);
+        let mut up = Up(
+            std::process::Command::new(local::sibling_binary("meridian").unwrap())
+                .args(["up", "--state-dir"])
+                .arg(&state)
+                .current_dir(elsewhere.path())
+                .env_remove("MERIDIAN_NATS")
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::null())
+                .process_group(0)
+                .spawn()
+                .unwrap(),
+        );
         let mut said = Vec::new();
         let mut exports = Vec::new();
-        for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        for line in BufReader::new(up.0.stdout.take().unwrap()).lines() {
             let line = line.unwrap();
             if let Some(pairs) = line.strip_prefix("export ") {
                 for pair in pairs.split_whitespace() {
@@ -132,18 +163,10 @@ fn meridian_up_prints_what_a_second_shell_needs_and_resumes_from_its_state_dir()
             String::from_utf8_lossy(&sites.stdout),
             String::from_utf8_lossy(&sites.stderr)
         );
-        nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGTERM).unwrap();
-        let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        loop {
-            if child.try_wait().unwrap().is_some() {
-                break;
-            }
-            if std::time::Instant::now() > until {
-                let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
-                panic!("meridian up did not stop on SIGTERM within 60 s");
-            }
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        }
+        assert!(
+            up.stop(std::time::Duration::from_secs(60)),
+            "meridian up did not stop on SIGTERM within 60 s"
+        );
         assert!(state.join("creds").is_dir(), "the state folder is kept");
         exports
     };
