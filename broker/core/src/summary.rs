@@ -34,11 +34,34 @@ pub fn priority(job: &Job, tenancy: Option<&Tenancy>) -> i32 {
 /// Where a waiting job stands in its queue: higher priority first, then the oldest.
 type Rank = (Reverse<i32>, u64, JobId);
 
+/// A waiting job with its rank, ordered by the rank alone.
+struct Ranked<'a>(Rank, &'a Job);
+
+impl PartialEq for Ranked<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.0 == other.0
+    }
+}
+
+impl Eq for Ranked<'_> {}
+
+impl PartialOrd for Ranked<'_> {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Ranked<'_> {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.cmp(&other.0)
+    }
+}
+
 #[derive(Default)]
-struct Tally {
+struct Tally<'a> {
     view: QueueView,
     /// The first waiting jobs by rank (a max-heap kept to the head's size).
-    head: BinaryHeap<(Rank, usize)>,
+    head: BinaryHeap<Ranked<'a>>,
 }
 
 /// Sums up `jobs` (the live jobs the caller may see) as `req` asks.
@@ -49,7 +72,6 @@ pub fn queues<'a>(
 ) -> QueuesView {
     let head = req.head.unwrap_or(DEFAULT_HEAD).min(MAX_PAGE) as usize;
     let mut tallies: BTreeMap<String, Tally> = BTreeMap::new();
-    let mut waiting: Vec<&Job> = Vec::new();
     let mut sites: BTreeMap<SiteId, SiteLoadView> = BTreeMap::new();
     let mut flows: BTreeMap<(i64, i64, SiteId), FlowView> = BTreeMap::new();
     for job in jobs {
@@ -74,11 +96,9 @@ pub fn queues<'a>(
                         job.submitted_ms,
                         job.id.clone(),
                     );
-                    let better =
-                        t.head.len() < head || t.head.peek().is_some_and(|(r, _)| &rank < r);
+                    let better = t.head.len() < head || t.head.peek().is_some_and(|r| rank < r.0);
                     if better {
-                        t.head.push((rank, waiting.len()));
-                        waiting.push(job);
+                        t.head.push(Ranked(rank, job));
                         if t.head.len() > head {
                             t.head.pop();
                         }
@@ -137,9 +157,8 @@ pub fn queues<'a>(
             view.waiting = first
                 .into_iter()
                 .enumerate()
-                .map(|(i, ((Reverse(priority), _, _), at))| {
-                    let job = waiting[at];
-                    QueuedJobView {
+                .map(
+                    |(i, Ranked((Reverse(priority), _, _), job))| QueuedJobView {
                         position: i as u64 + 1,
                         job: job.id.clone(),
                         tenant: job.spec.tenant.clone(),
@@ -149,8 +168,8 @@ pub fn queues<'a>(
                         submitted_at_ms: job.submitted_ms,
                         wait_reason: crate::observe::wait_reason(job).to_owned(),
                         why: job.why.clone(),
-                    }
-                })
+                    },
+                )
                 .collect();
             view
         })

@@ -143,6 +143,35 @@ mod index_oracle {
         crate::placement::place(view, request, 0).outcome
     }
 
+    /// The job is placed exactly where a scan of every site places it, with the site index, for a tenant that
+    /// has banked premium (its earlier jobs cost their cheapest: the premium rules may spend more on this one,
+    /// up to their per-job cap).
+    fn index_agrees(
+        sites: &std::collections::BTreeMap<meridian_federation::SiteId, crate::model::Site>,
+        spec: &JobSpec,
+        banked: Option<u64>,
+    ) -> Result<(), TestCaseError> {
+        let mut index = SiteIndex::default();
+        for s in sites.values() {
+            index.update(s, &Default::default());
+        }
+        let spent = crate::placement::Spent {
+            chosen_micro_usd: banked.unwrap_or(0),
+            cheapest_micro_usd: banked.unwrap_or(0),
+        };
+        let full = spending(sites, spec, None, spent);
+        let indexed = spending(sites, spec, Some(&index), spent);
+        match (&full, &indexed) {
+            (Outcome::Place(a), Outcome::Place(b)) => {
+                prop_assert_eq!(&a.site, &b.site);
+                prop_assert_eq!(&a.devices, &b.devices);
+            }
+            (Outcome::Wait(a), Outcome::Wait(b)) => prop_assert_eq!(a, b),
+            _ => prop_assert!(false, "full scan {:?} vs index {:?}", full, indexed),
+        }
+        Ok(())
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
 
@@ -181,10 +210,6 @@ mod index_oracle {
                 b.build()
             }).collect();
             let sites = sites(adverts);
-            let mut index = SiteIndex::default();
-            for s in sites.values() {
-                index.update(s, &Default::default());
-            }
             let mut spec = job("k", need);
             let weighted = Policy::Weights(Weights { cost: 1.0, energy: 0.0, carbon: 2.0, latency: 0.5, data: 0.0 });
             spec.policy = Some([Policy::Balanced, Policy::MaxCostPremium(0.05), Policy::CarbonPriceUsdPerT(190.0), weighted][policy].clone());
@@ -197,20 +222,7 @@ mod index_oracle {
                 weight: 1.0,
                 rtt_region: None,
             }];
-            let spent = crate::placement::Spent {
-                chosen_micro_usd: banked.unwrap_or(0),
-                cheapest_micro_usd: banked.unwrap_or(0),
-            };
-            let full = spending(&sites, &spec, None, spent);
-            let indexed = spending(&sites, &spec, Some(&index), spent);
-            match (&full, &indexed) {
-                (Outcome::Place(a), Outcome::Place(b)) => {
-                    prop_assert_eq!(&a.site, &b.site);
-                    prop_assert_eq!(&a.devices, &b.devices);
-                }
-                (Outcome::Wait(a), Outcome::Wait(b)) => prop_assert_eq!(a, b),
-                _ => prop_assert!(false, "full scan {:?} vs index {:?}", full, indexed),
-            }
+            index_agrees(&sites, &spec, banked)?;
         }
     }
 
@@ -238,10 +250,6 @@ mod index_oracle {
                 b.build()
             }).collect();
             let sites = sites(adverts);
-            let mut index = SiteIndex::default();
-            for s in sites.values() {
-                index.update(s, &Default::default());
-            }
             let mut spec = job("k", need);
             if let Some(m) = share {
                 spec.resources.count = 0;
@@ -256,22 +264,7 @@ mod index_oracle {
                 .iter()
                 .map(|(lat, lon, w)| UserLocation { name: None, location: GeoPoint { lat: *lat, lon: *lon }, weight: *w, rtt_region: None })
                 .collect();
-            // A tenant that has banked premium (its earlier jobs cost their cheapest): the premium rules may
-            // spend more on this one, up to their per-job cap.
-            let spent = crate::placement::Spent {
-                chosen_micro_usd: banked.unwrap_or(0),
-                cheapest_micro_usd: banked.unwrap_or(0),
-            };
-            let decide = |index: Option<&SiteIndex>| spending(&sites, &spec, index, spent);
-            let (full, indexed) = (decide(None), decide(Some(&index)));
-            match (&full, &indexed) {
-                (Outcome::Place(a), Outcome::Place(b)) => {
-                    prop_assert_eq!(&a.site, &b.site);
-                    prop_assert_eq!(&a.devices, &b.devices);
-                }
-                (Outcome::Wait(a), Outcome::Wait(b)) => prop_assert_eq!(a, b),
-                _ => prop_assert!(false, "full scan {:?} vs index {:?}", full, indexed),
-            }
+            index_agrees(&sites, &spec, banked)?;
         }
     }
 }
