@@ -100,6 +100,7 @@ async def main():
     out["bad_list_error"] = bad_list.get("error")
     no_token = await call(nc, "jobs.list", {"v": 1}, token="")
     out["no_token_error"] = no_token.get("error")
+    out["version"] = (await call(nc, "version", {"v": 1})).get("ok")
     print(json.dumps(out))
     await nc.close()
 

@@ -236,4 +236,19 @@ fn a_third_party_client_uses_the_nats_api() {
     assert_eq!(seen["all_submitted_listed"], true);
     assert_eq!(seen["bad_list_error"]["field"], "limt", "{seen}");
     assert_eq!(seen["no_token_error"]["code"], "unauthenticated", "{seen}");
+    // What the broker is, over NATS and over HTTP alike.
+    let (status, over_http) = f.get("/v1/version");
+    assert_eq!(status, 200, "{over_http}");
+    assert_eq!(seen["version"], over_http["ok"], "{seen}");
+    assert_eq!(
+        seen["version"]["wire"],
+        meridian_federation::WIRE_VERSION,
+        "{seen}"
+    );
+    assert!(
+        seen["version"]["version"]
+            .as_str()
+            .is_some_and(|v| v.split('.').count() == 3),
+        "{seen}"
+    );
 }

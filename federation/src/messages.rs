@@ -1481,6 +1481,17 @@ pub struct SessionView {
     pub admin: bool,
 }
 
+/// What a broker is (`GET /v1/version`): its release, the wire version it speaks and the newest journal
+/// format it writes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VersionView {
+    #[serde(default = "v1")]
+    pub v: u32,
+    pub version: String,
+    pub wire: u32,
+    pub format: u32,
+}
+
 /// A token as the API shows it: never the secret.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TokenView {

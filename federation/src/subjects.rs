@@ -165,8 +165,10 @@ pub mod api {
     pub const SITE_REVOKE: &str = "admin.sites.revoke";
     /// Read the audit trail (`AuditRequest` → `AuditPage`): administrators only.
     pub const AUDIT: &str = "admin.audit";
+    /// The broker's release and the formats it speaks (`Empty` → `VersionView`).
+    pub const VERSION: &str = "version";
     /// Every call, for tests and tooling that go through them all.
-    pub const CALLS: [&str; 27] = [
+    pub const CALLS: [&str; 28] = [
         SUBMIT,
         LIST_JOBS,
         QUEUES,
@@ -194,6 +196,7 @@ pub mod api {
         TOKEN_REVOKE,
         SITE_REVOKE,
         AUDIT,
+        VERSION,
     ];
     /// All API subjects, for the broker's subscription.
     pub const ALL: &str = "meridian.v1.api.>";

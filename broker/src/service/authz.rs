@@ -1,9 +1,145 @@
-//! Whether a caller may make a change, judged in the reactor task against the state the change would apply to
-//! (so the check and the change see the same jobs and tenancy), and what of each change the audit records.
+//! The one place that decides what a caller may do:
+//!
+//! - [`may_call`]: a call's access as the call table declares it (`api::calls`), before its handler runs;
+//! - what a read reaches: a tenant's token is held to its tenant, another tenant's job or service is "not
+//!   found" ([`scope_to_own_tenant`], [`may_watch`], [`may_report`], …);
+//! - [`authorize`]: a change, judged in the reactor task against the state it would apply to (so the check
+//!   and the change see the same jobs and tenancy), and what of it the audit records ([`describe`]);
+//! - a service's routes and demand, judged there against the service ([`may_feed`], [`may_route`]).
 
+use super::api::Access;
 use meridian_core::access::{Denied, Principal, Verb};
 use meridian_core::journal::Journal;
 use meridian_core::reactor::{Event, Reactor, Response, StepError};
+use meridian_federation::{JobView, ServiceName, ServiceRef, ServiceSpec, TenantId};
+
+/// Whether the caller may make a call of this access at all (what it reaches is judged further on).
+pub fn may_call(who: &Principal, access: &Access) -> Result<(), Denied> {
+    match access {
+        Access::ReadAll(what) => who.must_read_all(what),
+        Access::Admin(what) => who.must_be_admin(what),
+        Access::Read | Access::Change | Access::Gateway => Ok(()),
+    }
+}
+
+/// A listing or report of one tenant or all: a tenant's token is held to its own tenant (naming another is
+/// refused, saying `what`); an administrator and a federation-wide viewer may name any tenant, or none.
+pub fn scope_to_own_tenant(
+    who: &Principal,
+    tenant: &mut Option<TenantId>,
+    what: &str,
+) -> Result<(), Denied> {
+    if let (false, Some(own)) = (who.admin, &who.tenant) {
+        if let Some(asked) = tenant.as_ref().filter(|asked| *asked != own) {
+            return Err(Denied::Forbidden(format!(
+                "token {} acts for tenant {own}; it cannot read tenant {asked}'s {what}",
+                who.id
+            )));
+        }
+        *tenant = Some(own.clone());
+    }
+    Ok(())
+}
+
+/// A listing of jobs: held to the caller's tenant, which it must be allowed to watch.
+pub fn may_list_jobs(who: &Principal, tenant: &mut Option<TenantId>) -> Result<(), Denied> {
+    scope_to_own_tenant(who, tenant, "jobs")?;
+    match (who.admin, &*tenant) {
+        (false, Some(t)) => who.may_for_tenant(Verb::Watch, t),
+        _ => Ok(()),
+    }
+}
+
+/// Whether the caller may read a job (as a view says it is): another tenant's is "not found".
+pub fn may_watch(who: &Principal, v: &JobView) -> Result<(), Denied> {
+    who.may(
+        Verb::Watch,
+        &v.tenant,
+        queue_of(v.queue.as_ref()),
+        &format!("job {}", v.job),
+    )
+}
+
+/// The metering report of one tenant (`report` on it) or of all (`report` anywhere, or an administrator).
+pub fn may_report(who: &Principal, tenant: Option<&TenantId>) -> Result<(), Denied> {
+    match tenant {
+        Some(t) => who.may_for_tenant(Verb::Report, t),
+        None if who.admin || who.grants.iter().any(|g| g.verb == Verb::Report) => Ok(()),
+        None => Err(Denied::Forbidden(format!(
+            "token {} lacks the permission `report`",
+            who.id
+        ))),
+    }
+}
+
+/// The tenant and name of a `ServiceRef` that must name one service: a tenant's token names its own tenant.
+pub fn named_service(
+    who: &Principal,
+    mut r: ServiceRef,
+) -> Result<(TenantId, ServiceName), super::api::ApiError> {
+    use super::api::ApiError;
+    scope_to_own_tenant(who, &mut r.tenant, "services")?;
+    let tenant = r
+        .tenant
+        .ok_or_else(|| ApiError::invalid("tenant", "name the service's tenant"))?;
+    let name = r
+        .name
+        .ok_or_else(|| ApiError::invalid("name", "name the service"))?;
+    Ok((tenant, name))
+}
+
+/// Whether the caller may report the service's demand: its gateway (the `gateway` role for it), or a caller
+/// that may submit to its queue (its owner).
+pub fn may_feed(who: &Principal, spec: &ServiceSpec) -> Result<(), StepError> {
+    let queue = queue_of(spec.queue.as_ref());
+    who.may_gateway(&spec.tenant, &spec.name)
+        .or_else(|_| who.may_submit(&spec.tenant, queue))
+        .map_err(|_| {
+            StepError::Refused(format!(
+                "token {} lacks the permission `gateway` on service {} (or `submit` on its queue {queue})",
+                who.id, spec.name
+            ))
+        })
+}
+
+/// The service, if the caller may route by it: whoever may report its demand, and whoever may read it.
+pub fn may_route<'a, J: Journal>(
+    reactor: &'a Reactor<J>,
+    who: &Principal,
+    tenant: &TenantId,
+    name: &ServiceName,
+) -> Result<&'a ServiceSpec, StepError> {
+    let spec = visible_service(reactor, who, tenant, name)?;
+    who.may_for_tenant(Verb::Watch, tenant)
+        .map_err(refused)
+        .or_else(|_| may_feed(who, spec))?;
+    Ok(spec)
+}
+
+/// A service the caller sees (another tenant's is "not found").
+pub fn visible_service<'a, J: Journal>(
+    reactor: &'a Reactor<J>,
+    who: &Principal,
+    tenant: &TenantId,
+    name: &ServiceName,
+) -> Result<&'a ServiceSpec, StepError> {
+    let hidden = || StepError::NotFound {
+        what: format!("service {name}"),
+    };
+    if !who.sees(tenant) {
+        return Err(hidden());
+    }
+    reactor
+        .state()
+        .services()
+        .get(&(tenant.clone(), name.clone()))
+        .ok_or_else(hidden)
+}
+
+/// Whether the caller reads a service in a listing: one it just deployed, or one of a tenant it may watch.
+pub fn lists_service(who: &Principal, tenant: &TenantId, deployed: bool) -> bool {
+    who.sees(tenant) && (deployed || who.may_for_tenant(Verb::Watch, tenant).is_ok())
+}
 
 /// The queue a job is filed under for permissions: the one it names, else `default`.
 pub fn queue_of(queue: Option<&meridian_federation::QueueName>) -> &str {

@@ -24,6 +24,12 @@ impl Inbox {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// An inbox for the tests of code that is handed one (the broker itself makes them only by [`inbox`]).
+    #[cfg(test)]
+    pub fn for_tests(subject: &str) -> Self {
+        Inbox(subject.to_owned())
+    }
 }
 
 /// The inbox `reply` names, when it is one of `identity`'s. Otherwise the answer is withheld: counted and

@@ -5,8 +5,9 @@
 //! restart or a takeover the windows start empty, so nothing is removed before a full scale-down delay of
 //! demand has been seen again.
 
+use super::authz;
 use super::reply::Inbox;
-use meridian_core::access::{Denied, Principal, Verb};
+use meridian_core::access::Principal;
 use meridian_core::autoscale::{
     desired_from, offers, routes, Change, LocationDemand, Objective, Offer, Present, ReplicaKey,
     Scaler, Settings,
@@ -733,60 +734,6 @@ pub enum ServiceCall {
     },
 }
 
-/// Whether the caller may report the service's demand: its gateway (the `gateway` role for it), or a caller
-/// that may submit to its queue (its owner).
-fn may_feed(who: &Principal, spec: &ServiceSpec) -> Result<(), StepError> {
-    let queue = spec.queue.as_ref().map_or("default", |q| q.as_str());
-    who.may_gateway(&spec.tenant, &spec.name)
-        .or_else(|_| who.may_submit(&spec.tenant, queue))
-        .map_err(|_| {
-            StepError::Refused(format!(
-                "token {} lacks the permission `gateway` on service {} (or `submit` on its queue {queue})",
-                who.id, spec.name
-            ))
-        })
-}
-
-/// The service, if the caller may route by it: whoever may report its demand, and whoever may read it.
-fn may_route<'a, J: Journal>(
-    reactor: &'a Reactor<J>,
-    who: &Principal,
-    tenant: &TenantId,
-    name: &ServiceName,
-) -> Result<&'a ServiceSpec, StepError> {
-    let spec = find(reactor, who, tenant, name)?;
-    who.may_for_tenant(Verb::Watch, tenant)
-        .map_err(refused)
-        .or_else(|_| may_feed(who, spec))?;
-    Ok(spec)
-}
-
-fn refused(d: Denied) -> StepError {
-    match d {
-        Denied::Hidden(what) => StepError::NotFound { what },
-        Denied::Forbidden(why) => StepError::Refused(why),
-    }
-}
-
-fn find<'a, J: Journal>(
-    reactor: &'a Reactor<J>,
-    who: &Principal,
-    tenant: &TenantId,
-    name: &ServiceName,
-) -> Result<&'a ServiceSpec, StepError> {
-    let hidden = || StepError::NotFound {
-        what: format!("service {name}"),
-    };
-    if !who.sees(tenant) {
-        return Err(hidden());
-    }
-    reactor
-        .state()
-        .services()
-        .get(&(tenant.clone(), name.clone()))
-        .ok_or_else(hidden)
-}
-
 impl Autoscaling {
     /// Serves one call (in the reactor task).
     pub fn serve<J: Journal>(&mut self, reactor: &Reactor<J>, call: ServiceCall, now: Millis) {
@@ -801,8 +748,8 @@ impl Autoscaling {
                             field: "tenant".into(),
                             problem: "name the service's tenant".into(),
                         })?;
-                    let spec = find(reactor, &who, &tenant, &report.service)?;
-                    may_feed(&who, spec)?;
+                    let spec = authz::visible_service(reactor, &who, &tenant, &report.service)?;
+                    authz::may_feed(&who, spec)?;
                     self.report(&tenant, &report.service, report.locations, now);
                     Ok(())
                 })();
@@ -820,8 +767,7 @@ impl Autoscaling {
                     for ((t, n), spec) in reactor.state().services() {
                         if tenant.as_ref().is_some_and(|x| x != t)
                             || name.as_ref().is_some_and(|x| x != n)
-                            || !who.sees(t)
-                            || (!deployed && who.may_for_tenant(Verb::Watch, t).is_err())
+                            || !authz::lists_service(&who, t, deployed)
                         {
                             continue;
                         }
@@ -842,7 +788,7 @@ impl Autoscaling {
                 who,
                 reply,
             } => {
-                let r = may_route(reactor, &who, &tenant, &name)
+                let r = authz::may_route(reactor, &who, &tenant, &name)
                     .map(|spec| self.routes(reactor, spec, now));
                 let _ = reply.send(r);
             }
@@ -854,7 +800,7 @@ impl Autoscaling {
                 lease_ms,
                 reply,
             } => {
-                let r = may_route(reactor, &who, &tenant, &name).and_then(|spec| {
+                let r = authz::may_route(reactor, &who, &tenant, &name).and_then(|spec| {
                     let routes = self.routes(reactor, spec, now);
                     let run = self.runs.entry((tenant, name)).or_default();
                     run.watches.retain(|w| w.until > now);

@@ -438,7 +438,7 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
     spawn_site_listener(&handle, SiteTopic::Status).await?;
     spawn_site_listener(&handle, SiteTopic::Metrics).await?;
     let api_sub = client.subscribe(subjects::api::ALL).await?;
-    tokio::spawn(api::serve_nats(handle.clone(), api_sub));
+    tokio::spawn(api::nats::serve(handle.clone(), api_sub));
 
     let listener = tokio::net::TcpListener::bind(&cfg.http)
         .await
