@@ -16,10 +16,13 @@ pub mod reply;
 pub mod services;
 pub mod traces;
 
+mod queries;
 mod reactor_task;
 mod site_listener;
 mod startup;
 
+use queries::answer;
+pub use queries::{Answer, Query};
 use reactor_task::*;
 use site_listener::*;
 use startup::*;
@@ -36,8 +39,8 @@ use meridian_core::regions::{parse_geojson, Regions};
 use meridian_core::views;
 use meridian_federation::subjects::{self, SiteTopic};
 use meridian_federation::{
-    decode, encode, BrokerHello, ExplainView, Heartbeat, JobId, JobStatus, JobView, OfferOutcome,
-    OfferReply, SiteAdvert, SiteId, SiteView, StatusAck, WIRE_VERSION,
+    decode, encode, BrokerHello, Heartbeat, JobId, JobStatus, OfferOutcome, OfferReply, SiteAdvert,
+    SiteId, StatusAck, WIRE_VERSION,
 };
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -48,62 +51,6 @@ pub fn now_ms() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
-}
-
-/// Read-only questions to the reactor task.
-#[derive(Debug)]
-pub enum Query {
-    /// Live jobs after `after` (by id) that pass the filter, at most `limit`, and whether more follow.
-    JobsPage {
-        after: Option<JobId>,
-        limit: usize,
-        filter: meridian_federation::JobListRequest,
-        /// Only the jobs the caller may read.
-        who: Principal,
-    },
-    Job(JobId),
-    /// A job, and whether every site is weighed (`explain --all`).
-    Explain(JobId, bool),
-    Timeline(JobId),
-    Sites,
-    /// Where the job's latest attempt ran: site and attempt.
-    Placement(JobId),
-    /// The ledger of the live jobs.
-    Ledger,
-    /// The live jobs submitted from this time on, for a what-if, and the tenancy in force.
-    History(u64),
-    Tenancy,
-    /// The journal's durable format in force.
-    Format,
-    /// The API tokens.
-    Tokens,
-    /// The gauges `/metrics` shows.
-    Gauges,
-    /// The live work by queue, site and users' place, over the jobs the caller may read.
-    Queues(meridian_federation::QueuesRequest, Principal),
-}
-
-#[derive(Debug)]
-pub enum Answer {
-    JobsPage(Vec<JobView>, bool),
-    Job(Option<JobView>),
-    Explain(Option<ExplainView>),
-    Timeline(Option<meridian_federation::TimelineView>),
-    Sites(Vec<SiteView>),
-    Placement(Option<(SiteId, u32)>),
-    Ledger(Vec<meridian_core::ledger::LedgerEntry>),
-    /// The jobs, the tenancy's text, and the sites as the broker knows them.
-    History(
-        Vec<meridian_federation::HistoryJob>,
-        Option<String>,
-        Vec<meridian_federation::FederationSite>,
-    ),
-    Tenancy(Option<String>),
-    /// The format in force, and the journal message that keeps the broker read-only (sequence, reason).
-    Format(u32, Option<(u64, String)>),
-    Tokens(Vec<meridian_core::access::TokenRecord>),
-    Gauges(meridian_core::observe::Gauges),
-    Queues(meridian_federation::QueuesView),
 }
 
 enum Input {

@@ -10,29 +10,45 @@ pub(super) const MAX_BATCH: usize = 1024;
 /// A journal append slower than this means the broker was stalled.
 pub(super) const STALL: Duration = Duration::from_secs(1);
 
-#[allow(clippy::too_many_arguments)]
+/// What the reactor task owns between batches.
+pub(super) struct Task {
+    pub reactor: Reactor<BufferJournal>,
+    pub journal: journal::JetStreamJournal,
+    pub handle: BrokerHandle,
+    /// The API tokens as the reactor holds them, for authentication outside the task.
+    pub tokens: tokio::sync::watch::Sender<auth::Tokens>,
+    /// How long finished jobs stay live before they are archived.
+    pub retention_ms: u64,
+    pub offer_timeout: Duration,
+    pub autoscaling: services::Autoscaling,
+    tokens_seen: u64,
+    was_down: bool,
+}
+
+/// What a batch says once it is stored: answers to changes and questions, and audit entries.
+#[derive(Default)]
+struct Said {
+    replies: Vec<(
+        oneshot::Sender<Result<Response, StepError>>,
+        Result<Response, StepError>,
+    )>,
+    answers: Vec<(oneshot::Sender<Answer>, Answer)>,
+    audited: Vec<meridian_federation::AuditEntry>,
+}
+
+/// Takes inputs in batches until the handles are gone: timers run after every batch (so capacity a batch frees
+/// is refilled at once, not at the next clock tick), and on the clock when nothing arrives.
 pub(super) async fn reactor_loop(
-    mut reactor: Reactor<BufferJournal>,
-    mut journal: journal::JetStreamJournal,
-    archive: archive::Archive,
-    retention_ms: u64,
+    mut task: Task,
     mut rx: mpsc::UnboundedReceiver<Input>,
     connected: tokio::sync::watch::Receiver<bool>,
-    handle: BrokerHandle,
-    tokens: tokio::sync::watch::Sender<auth::Tokens>,
     tick: Duration,
-    offer_timeout: Duration,
 ) -> anyhow::Result<()> {
-    let mut tokens_seen = reactor.state().tokens_generation();
-    let mut autoscaling = services::Autoscaling::default();
     let mut clock = tokio::time::interval(tick);
     clock.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut inputs = Vec::with_capacity(MAX_BATCH);
-    let mut was_down = false;
     loop {
-        // Timers run after every batch (so capacity a batch frees is refilled at once, not at the next clock
-        // tick), and on the clock when nothing arrives.
-        let mut tick = tokio::select! {
+        let tick = tokio::select! {
             input = rx.recv() => match input {
                 Some(input) => {
                     inputs.push(input);
@@ -48,154 +64,215 @@ pub(super) async fn reactor_loop(
                 Err(_) => break,
             }
         }
-        if journal.unreadable().is_some() {
-            read_only(
-                &mut reactor,
-                &mut journal,
-                &handle,
-                &mut autoscaling,
-                &mut inputs,
-            )
-            .await;
-            if reactor.state().tokens_generation() != tokens_seen {
-                tokens_seen = reactor.state().tokens_generation();
-                let _ = tokens.send(tokens_of(&reactor));
-            }
-            if journal.unreadable().is_some() || inputs.is_empty() {
+        if task.journal.unreadable().is_some() {
+            let Task {
+                reactor,
+                journal,
+                handle,
+                autoscaling,
+                ..
+            } = &mut task;
+            read_only(reactor, journal, handle, autoscaling, &mut inputs).await;
+            task.publish_tokens();
+            if task.journal.unreadable().is_some() || inputs.is_empty() {
                 continue;
             }
             // Set aside: what is left of the batch is served as usual.
         }
-        // While the broker's own connection is down, no heartbeat can reach it: timers wait, and liveness starts
-        // afresh once it is back.
+        let tick = task.connection_up(&connected) && tick;
+        if tick {
+            task.add_timers(&mut inputs);
+        }
+        task.run_batch(&mut inputs, tick).await?;
+    }
+}
+
+impl Task {
+    pub(super) fn new(
+        reactor: Reactor<BufferJournal>,
+        journal: journal::JetStreamJournal,
+        handle: BrokerHandle,
+        tokens: tokio::sync::watch::Sender<auth::Tokens>,
+        retention_ms: u64,
+        offer_timeout: Duration,
+    ) -> Self {
+        Task {
+            tokens_seen: reactor.state().tokens_generation(),
+            reactor,
+            journal,
+            handle,
+            tokens,
+            retention_ms,
+            offer_timeout,
+            autoscaling: services::Autoscaling::default(),
+            was_down: false,
+        }
+    }
+
+    /// Whether the broker's own connection is up. While it is down no heartbeat can reach the broker: timers
+    /// wait, and liveness starts afresh once it is back.
+    fn connection_up(&mut self, connected: &tokio::sync::watch::Receiver<bool>) -> bool {
         if !*connected.borrow() {
-            was_down = true;
-            tick = false;
-        } else if was_down {
-            was_down = false;
+            self.was_down = true;
+            return false;
+        }
+        if self.was_down {
+            self.was_down = false;
             tracing::info!("NATS connection back; site liveness starts afresh");
-            if let Err(e) = reactor.step(now_ms(), Event::Resume) {
+            if let Err(e) = self.reactor.step(now_ms(), Event::Resume) {
                 tracing::error!("resume failed: {e}");
             }
         }
-        // Timers run after what has arrived: heartbeats that waited in the queue count before a site is judged.
-        // The services' autoscaler plans first; its decisions are journaled as replicas submitted and cancelled.
-        if tick {
-            for event in autoscaling.events(&reactor, now_ms()) {
-                inputs.push(Input::Event {
-                    event,
-                    caller: None,
-                    reply: None,
-                });
-            }
+        true
+    }
+
+    /// Timers run after what has arrived: heartbeats that waited in the queue count before a site is judged.
+    /// The services' autoscaler plans first; its decisions are journaled as replicas submitted and cancelled.
+    fn add_timers(&mut self, inputs: &mut Vec<Input>) {
+        let planned = self.autoscaling.events(&self.reactor, now_ms());
+        for event in planned.into_iter().chain([Event::Tick]) {
             inputs.push(Input::Event {
-                event: Event::Tick,
+                event,
                 caller: None,
                 reply: None,
             });
         }
+    }
+
+    /// Steps the batch, stores it, then says and sends what it made.
+    async fn run_batch(&mut self, inputs: &mut Vec<Input>, tick: bool) -> anyhow::Result<()> {
         let now = now_ms();
-        let mut replies = Vec::new();
-        let mut answers = Vec::new();
-        let mut audited = Vec::new();
+        let mut said = Said::default();
         for input in inputs.drain(..) {
-            match input {
-                Input::Event {
-                    event,
-                    caller,
-                    reply,
-                } => {
-                    let tick = matches!(event, Event::Tick);
-                    let stepping = std::time::Instant::now();
-                    let r = step_audited(
-                        &mut reactor,
-                        &handle.audit,
-                        &mut audited,
-                        now,
-                        event,
-                        caller,
-                    );
-                    let seen = reactor.take_observations();
-                    let offers = seen
-                        .iter()
-                        .filter(|o| matches!(o, meridian_core::observe::Observation::Placed { .. }))
-                        .count();
-                    handle
-                        .metrics
-                        .placement_step(stepping.elapsed().as_secs_f64(), offers);
-                    handle.metrics.record(&seen);
-                    if let Some(t) = &handle.traces {
-                        t.record(&seen);
-                    }
-                    match (&r, tick) {
-                        (Err(e), true) => tracing::error!("tick failed: {e}"),
-                        (Err(e), false) => tracing::debug!("step refused: {e}"),
-                        _ => {}
-                    }
-                    if let Some(tx) = reply {
-                        replies.push((tx, r));
-                    }
-                }
-                Input::Query(q, tx) => answers.push((tx, answer(&reactor, &journal, q))),
-                Input::Services(call) => autoscaling.serve(&reactor, call, now),
-                Input::Quarantine { seq, who, reply } => {
-                    quarantine(&mut reactor, &mut journal, &handle, seq, &who, reply).await;
-                }
-            }
+            self.take(input, now, &mut said).await;
         }
         // The steps are stored before anything is said or sent because of them.
-        let records = reactor.journal_mut().take();
-        if !records.is_empty() {
-            let storing = std::time::Instant::now();
-            if let Err(e) = journal.store(reactor.state().format(), records).await {
-                tracing::error!("stopping: {e}");
-                return Err(e.into());
-            }
-            handle
-                .metrics
-                .journal_append(storing.elapsed().as_secs_f64());
-            if storing.elapsed() > STALL {
-                // The broker could not act (JetStream was electing a leader, say): that time is not held
-                // against the sites, whose heartbeats waited unheard.
-                tracing::warn!(
-                    "the journal took {} ms to store a batch; site liveness starts afresh",
-                    storing.elapsed().as_millis()
-                );
-                if let Err(e) = reactor.step(now_ms(), Event::Resume) {
-                    tracing::error!("resume failed: {e}");
-                }
-            }
-            if journal.snapshot_due(reactor.state().jobs().len()) {
-                journal.save_snapshot(&reactor.state().snapshot(journal.last_seq(), now));
-            }
-        }
+        self.store(now).await?;
         // What was audited is written once its batch is stored, as one message.
-        handle.audit.batch(std::mem::take(&mut audited));
-        if reactor.state().tokens_generation() != tokens_seen {
-            tokens_seen = reactor.state().tokens_generation();
-            let _ = tokens.send(tokens_of(&reactor));
-        }
+        self.handle.audit.batch(std::mem::take(&mut said.audited));
+        self.publish_tokens();
         if tick {
-            archive_finished(&mut reactor, &archive, now, retention_ms).await;
+            let archive = self.handle.archive.clone();
+            archive_finished(&mut self.reactor, &archive, now, self.retention_ms).await;
         }
-        for (tx, r) in replies {
+        for (tx, r) in said.replies {
             let _ = tx.send(r);
         }
-        for (tx, a) in answers {
+        for (tx, a) in said.answers {
             let _ = tx.send(a);
         }
-        for command in reactor.take_outbox() {
-            send(&handle, command, offer_timeout);
+        for command in self.reactor.take_outbox() {
+            send(&self.handle, command, self.offer_timeout);
         }
         // Watchers of routing tables hear of changes after the batch that made them.
-        let updates = autoscaling.route_changes(&reactor, now_ms());
+        let updates = self.autoscaling.route_changes(&self.reactor, now_ms());
         if !updates.is_empty() {
-            let client = handle.client.clone();
+            let client = self.handle.client.clone();
             tokio::spawn(async move {
                 for (inbox, body) in updates {
                     reply::send(&client, &inbox, body).await;
                 }
             });
+        }
+        Ok(())
+    }
+
+    /// Serves one input of the batch.
+    async fn take(&mut self, input: Input, now: u64, said: &mut Said) {
+        match input {
+            Input::Event {
+                event,
+                caller,
+                reply,
+            } => {
+                let r = self.step(now, event, caller, &mut said.audited);
+                if let Some(tx) = reply {
+                    said.replies.push((tx, r));
+                }
+            }
+            Input::Query(q, tx) => said
+                .answers
+                .push((tx, answer(&self.reactor, &self.journal, q))),
+            Input::Services(call) => self.autoscaling.serve(&self.reactor, call, now),
+            Input::Quarantine { seq, who, reply } => {
+                let (reactor, journal) = (&mut self.reactor, &mut self.journal);
+                quarantine(reactor, journal, &self.handle, seq, &who, reply).await;
+            }
+        }
+    }
+
+    /// One step, judged and audited, its observations counted for the metrics and traces.
+    fn step(
+        &mut self,
+        now: u64,
+        event: Event,
+        caller: Option<Principal>,
+        audited: &mut Vec<meridian_federation::AuditEntry>,
+    ) -> Result<Response, StepError> {
+        let tick = matches!(event, Event::Tick);
+        let stepping = std::time::Instant::now();
+        let audit = &self.handle.audit;
+        let r = step_audited(&mut self.reactor, audit, audited, now, event, caller);
+        let seen = self.reactor.take_observations();
+        let offers = seen
+            .iter()
+            .filter(|o| matches!(o, meridian_core::observe::Observation::Placed { .. }))
+            .count();
+        let metrics = &self.handle.metrics;
+        metrics.placement_step(stepping.elapsed().as_secs_f64(), offers);
+        metrics.record(&seen);
+        if let Some(t) = &self.handle.traces {
+            t.record(&seen);
+        }
+        match (&r, tick) {
+            (Err(e), true) => tracing::error!("tick failed: {e}"),
+            (Err(e), false) => tracing::debug!("step refused: {e}"),
+            _ => {}
+        }
+        r
+    }
+
+    /// Stores what the batch's steps journaled, and a snapshot when one is due.
+    async fn store(&mut self, now: u64) -> anyhow::Result<()> {
+        let records = self.reactor.journal_mut().take();
+        if records.is_empty() {
+            return Ok(());
+        }
+        let storing = std::time::Instant::now();
+        if let Err(e) = self
+            .journal
+            .store(self.reactor.state().format(), records)
+            .await
+        {
+            tracing::error!("stopping: {e}");
+            return Err(e.into());
+        }
+        let took = storing.elapsed();
+        self.handle.metrics.journal_append(took.as_secs_f64());
+        if took > STALL {
+            // The broker could not act (JetStream was electing a leader, say): that time is not held against
+            // the sites, whose heartbeats waited unheard.
+            tracing::warn!(
+                "the journal took {} ms to store a batch; site liveness starts afresh",
+                took.as_millis()
+            );
+            if let Err(e) = self.reactor.step(now_ms(), Event::Resume) {
+                tracing::error!("resume failed: {e}");
+            }
+        }
+        if self.journal.snapshot_due(self.reactor.state().jobs().len()) {
+            let snapshot = self.reactor.state().snapshot(self.journal.last_seq(), now);
+            self.journal.save_snapshot(&snapshot);
+        }
+        Ok(())
+    }
+
+    /// Hands the API tokens to authentication when they changed.
+    fn publish_tokens(&mut self) {
+        let generation = self.reactor.state().tokens_generation();
+        if generation != self.tokens_seen {
+            self.tokens_seen = generation;
+            let _ = self.tokens.send(tokens_of(&self.reactor));
         }
     }
 }
@@ -396,142 +473,6 @@ pub(super) async fn archive_finished(
     }
     if let Err(e) = reactor.step(now, Event::Archived { jobs: ids }) {
         tracing::error!("could not record archived jobs: {e}");
-    }
-}
-
-pub(super) fn answer(
-    reactor: &Reactor<BufferJournal>,
-    journal: &journal::JetStreamJournal,
-    q: Query,
-) -> Answer {
-    let st = reactor.state();
-    match q {
-        Query::JobsPage {
-            after,
-            limit,
-            filter,
-            who,
-        } => {
-            use std::ops::Bound::{Excluded, Unbounded};
-            // After the cursor in the order asked for: ids upwards, or downwards newest first.
-            let range: Box<dyn Iterator<Item = (&JobId, &meridian_core::model::Job)>> =
-                match (&after, filter.newest_first) {
-                    (Some(a), false) => {
-                        Box::new(st.jobs().range::<JobId, _>((Excluded(a), Unbounded)))
-                    }
-                    (None, false) => Box::new(st.jobs().iter()),
-                    (Some(a), true) => Box::new(st.jobs().range::<JobId, _>(..a).rev()),
-                    (None, true) => Box::new(st.jobs().iter().rev()),
-                };
-            let mut page: Vec<JobView> = range
-                .map(|(_, j)| j)
-                .filter(|j| {
-                    filter.tenant.as_ref().is_none_or(|t| t == &j.spec.tenant)
-                        && filter.state.is_none_or(|p| p == j.phase)
-                        && filter.from_ms.is_none_or(|f| j.submitted_ms >= f)
-                        && filter.to_ms.is_none_or(|t| j.submitted_ms < t)
-                        && filter.text_matches(j.id.as_str(), j.spec.name.as_deref(), &j.why)
-                        && who
-                            .may(
-                                meridian_core::access::Verb::Watch,
-                                &j.spec.tenant,
-                                authz::queue_of(j.spec.queue.as_ref()),
-                                "",
-                            )
-                            .is_ok()
-                })
-                .map(|j| views::job_view(j, st.sites(), reactor.rtt()))
-                .filter(|v| {
-                    filter
-                        .site
-                        .as_ref()
-                        .is_none_or(|s| v.site.as_ref() == Some(s))
-                })
-                .take(limit + 1)
-                .collect();
-            let more = page.len() > limit;
-            page.truncate(limit);
-            Answer::JobsPage(page, more)
-        }
-        Query::Queues(req, who) => Answer::Queues(meridian_core::summary::queues(
-            st.jobs().values().filter(|j| {
-                who.may(
-                    meridian_core::access::Verb::Watch,
-                    &j.spec.tenant,
-                    authz::queue_of(j.spec.queue.as_ref()),
-                    "",
-                )
-                .is_ok()
-            }),
-            reactor.tenancy(),
-            &req,
-        )),
-        Query::Job(id) => Answer::Job(
-            st.jobs()
-                .get(&id)
-                .map(|j| views::job_view(j, st.sites(), reactor.rtt())),
-        ),
-        Query::Explain(id, all) => {
-            Answer::Explain(reactor.explain(&id, now_ms(), all).map(|mut v| {
-                if let Some(job) = st.jobs().get(&id) {
-                    for (_, _, warning) in views::possibly_still_running(job, st.revoked_sites()) {
-                        v.history.push(warning);
-                    }
-                }
-                v
-            }))
-        }
-        Query::Sites => Answer::Sites(
-            st.sites()
-                .values()
-                .map(|s| {
-                    let mut v = views::site_view(s);
-                    v.carbon_history = st.intensity_of(s.id()).to_vec();
-                    v
-                })
-                .collect(),
-        ),
-        Query::Format => Answer::Format(
-            st.format(),
-            journal
-                .unreadable()
-                .map(|(seq, reason)| (seq, reason.to_owned())),
-        ),
-        Query::Tokens => Answer::Tokens(st.tokens().values().cloned().collect()),
-        Query::Gauges => Answer::Gauges(reactor.gauges()),
-        Query::Timeline(id) => Answer::Timeline(st.jobs().get(&id).map(|job| {
-            let mut t = views::timeline(job);
-            for (attempt, site, warning) in views::possibly_still_running(job, st.revoked_sites()) {
-                t.events.push(meridian_federation::TimelineEvent {
-                    at_ms: now_ms(),
-                    event: "note".into(),
-                    attempt: Some(attempt),
-                    site: Some(site),
-                    detail: warning,
-                });
-            }
-            t
-        })),
-        Query::Tenancy => Answer::Tenancy(st.tenancy_toml().map(str::to_owned)),
-        Query::History(from) => Answer::History(
-            st.jobs()
-                .values()
-                .filter(|j| j.submitted_ms >= from)
-                .map(views::history_job)
-                .collect(),
-            st.tenancy_toml().map(str::to_owned),
-            st.sites().values().map(views::federation_site).collect(),
-        ),
-        Query::Ledger => Answer::Ledger(
-            st.jobs()
-                .values()
-                .map(meridian_core::ledger::LedgerEntry::of)
-                .collect(),
-        ),
-        Query::Placement(id) => Answer::Placement(st.jobs().get(&id).and_then(|j| {
-            let site = views::job_view(j, st.sites(), reactor.rtt()).site?;
-            (j.attempt > 0).then_some((site, j.attempt))
-        })),
     }
 }
 

@@ -26,118 +26,117 @@ pub(super) async fn spawn_site_listener(
                 m.reply.as_ref().map(|r| r.as_str()),
             );
             if let Err(wait) = h.auth.admit_site(site.as_str()) {
-                h.audit.refused(
-                    now_ms(),
-                    &format!("site:{site}"),
-                    topic.as_str(),
-                    "rate limited",
-                );
-                if let Some(to) = &to {
-                    let body = meridian_federation::ApiReply::<()>::err(auth::slow_down(
-                        wait,
-                        &format!("site {site}"),
-                    ));
-                    if let Ok(body) = encode(&body) {
-                        reply::send(&h.client, to, body).await;
-                    }
-                }
+                refuse(&h, &site, topic.as_str(), "rate limited").await;
+                let slow = auth::slow_down(wait, &format!("site {site}"));
+                answer_error(&h.client, to.as_ref(), slow).await;
                 continue;
             }
-            if topic == SiteTopic::Metrics {
-                match decode::<meridian_federation::SiteMetrics>(&m.payload)
-                    .and_then(|r| same_site(&site, &r.site).map(|()| r))
-                {
-                    Ok(r) => h.metrics.agent_report(r, now_ms()),
-                    Err(err) => {
-                        tracing::warn!("dropped a bad metrics message from site {site}: {err}");
-                        h.audit.refused(
-                            now_ms(),
-                            &format!("site:{site}"),
-                            "metrics",
-                            &err.to_string(),
-                        );
-                    }
-                }
-                continue;
-            }
-            let event = match topic {
-                SiteTopic::Advert => decode::<SiteAdvert>(&m.payload).and_then(|a| {
-                    same_site(&site, &a.site.id)?;
-                    Ok(Event::Advert(a))
-                }),
-                SiteTopic::Heartbeat => decode::<Heartbeat>(&m.payload).and_then(|b| {
-                    same_site(&site, &b.site)?;
-                    Ok(Event::Heartbeat(b))
-                }),
-                SiteTopic::Status => decode::<JobStatus>(&m.payload).and_then(|s| {
-                    same_site(&site, &s.site)?;
-                    Ok(Event::Status(s))
-                }),
-                _ => continue,
-            };
-            match event {
-                Ok(Event::Status(s)) => {
-                    let ack = StatusAck {
-                        v: WIRE_VERSION,
-                        job: s.job.clone(),
-                        attempt: s.attempt,
-                    };
-                    // Queued in arrival order (so a site's updates apply in order); acknowledged once stored,
-                    // without holding up the next update. A refusal (the site does not hold the attempt, or is
-                    // revoked) is answered with the reason, so the agent stops retrying it.
-                    let running = (s.state == meridian_federation::AttemptState::Running)
-                        .then(|| (s.job.clone(), s.attempt));
-                    let applied = h.step_queued(Event::Status(s));
-                    let client = h.client.clone();
-                    let cancel_to = site.clone();
-                    tokio::spawn(async move {
-                        let body = match applied.await {
-                            Ok(Ok(_)) => encode(&ack).ok(),
-                            Ok(Err(e @ StepError::Refused(_))) => {
-                                // A site that says it runs an attempt the broker does not give it is told to
-                                // stop it (on its own subject: nothing is journaled).
-                                if let Some((job, attempt)) = running {
-                                    stop_unheld(&client, &cancel_to, job, attempt).await;
-                                }
-                                encode(&meridian_federation::ApiReply::<()>::err(
-                                    meridian_federation::ErrorBody::new(
-                                        e.code(),
-                                        None,
-                                        e.to_string(),
-                                    ),
-                                ))
-                                .ok()
-                            }
-                            _ => None,
-                        };
-                        if let (Some(to), Some(body)) = (to, body) {
-                            reply::send(&client, &to, body).await;
-                        }
-                    });
-                }
-                Ok(e) => h.feed(e),
-                Err(err) => {
+            match decode_event(topic, &site, &m.payload) {
+                Some(Ok(Event::Status(s))) => take_status(&h, site, s, to),
+                Some(Ok(e)) => h.feed(e),
+                Some(Err(err)) => {
                     tracing::warn!(
                         "dropped a bad {} message from site {site}: {err}",
                         topic.as_str()
                     );
-                    h.audit.refused(
-                        now_ms(),
-                        &format!("site:{site}"),
-                        topic.as_str(),
-                        &err.to_string(),
-                    );
-                    if let Some(to) = &to {
-                        let body = meridian_federation::ApiReply::<()>::err(err.to_body());
-                        if let Ok(body) = encode(&body) {
-                            reply::send(&h.client, to, body).await;
-                        }
-                    }
+                    refuse(&h, &site, topic.as_str(), &err.to_string()).await;
+                    answer_error(&h.client, to.as_ref(), err.to_body()).await;
                 }
+                None if topic == SiteTopic::Metrics => take_metrics(&h, &site, &m.payload).await,
+                None => {}
             }
         }
     });
     Ok(())
+}
+
+/// Audits a site's message refused.
+async fn refuse(h: &BrokerHandle, site: &SiteId, topic: &str, why: &str) {
+    h.audit
+        .refused(now_ms(), &format!("site:{site}"), topic, why);
+}
+
+/// Answers a site's request with an error, when it asked into its own inbox.
+async fn answer_error(
+    client: &async_nats::Client,
+    to: Option<&reply::Inbox>,
+    e: meridian_federation::ErrorBody,
+) {
+    if let Some(to) = to {
+        if let Ok(body) = encode(&meridian_federation::ApiReply::<()>::err(e)) {
+            reply::send(client, to, body).await;
+        }
+    }
+}
+
+/// The event a site's message makes, checked to speak for the site whose subject it came on (`None`: the
+/// topic makes no event).
+fn decode_event(
+    topic: SiteTopic,
+    site: &SiteId,
+    payload: &[u8],
+) -> Option<Result<Event, meridian_federation::WireError>> {
+    Some(match topic {
+        SiteTopic::Advert => decode::<SiteAdvert>(payload).and_then(|a| {
+            same_site(site, &a.site.id)?;
+            Ok(Event::Advert(a))
+        }),
+        SiteTopic::Heartbeat => decode::<Heartbeat>(payload).and_then(|b| {
+            same_site(site, &b.site)?;
+            Ok(Event::Heartbeat(b))
+        }),
+        SiteTopic::Status => decode::<JobStatus>(payload).and_then(|s| {
+            same_site(site, &s.site)?;
+            Ok(Event::Status(s))
+        }),
+        _ => return None,
+    })
+}
+
+/// An agent's device report, re-exported in the metrics.
+async fn take_metrics(h: &BrokerHandle, site: &SiteId, payload: &[u8]) {
+    match decode::<meridian_federation::SiteMetrics>(payload)
+        .and_then(|r| same_site(site, &r.site).map(|()| r))
+    {
+        Ok(r) => h.metrics.agent_report(r, now_ms()),
+        Err(err) => {
+            tracing::warn!("dropped a bad metrics message from site {site}: {err}");
+            refuse(h, site, "metrics", &err.to_string()).await;
+        }
+    }
+}
+
+/// A status is queued in arrival order (so a site's updates apply in order) and acknowledged once stored,
+/// without holding up the next update. A refusal (the site does not hold the attempt, or is revoked) is
+/// answered with the reason, so the agent stops retrying it.
+fn take_status(h: &BrokerHandle, site: SiteId, s: JobStatus, to: Option<reply::Inbox>) {
+    let ack = StatusAck {
+        v: WIRE_VERSION,
+        job: s.job.clone(),
+        attempt: s.attempt,
+    };
+    let running =
+        (s.state == meridian_federation::AttemptState::Running).then(|| (s.job.clone(), s.attempt));
+    let applied = h.step_queued(Event::Status(s));
+    let client = h.client.clone();
+    tokio::spawn(async move {
+        let body = match applied.await {
+            Ok(Ok(_)) => encode(&ack).ok(),
+            Ok(Err(e @ StepError::Refused(_))) => {
+                // A site that says it runs an attempt the broker does not give it is told to stop it (on its
+                // own subject: nothing is journaled).
+                if let Some((job, attempt)) = running {
+                    stop_unheld(&client, &site, job, attempt).await;
+                }
+                let refused = meridian_federation::ErrorBody::new(e.code(), None, e.to_string());
+                encode(&meridian_federation::ApiReply::<()>::err(refused)).ok()
+            }
+            _ => None,
+        };
+        if let (Some(to), Some(body)) = (to, body) {
+            reply::send(&client, &to, body).await;
+        }
+    });
 }
 
 /// Tells `site` to stop an attempt it reports running that the broker does not give it.

@@ -222,6 +222,34 @@ pub(super) fn check_secured(cfg: &BrokerConfig) -> anyhow::Result<()> {
 pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
     check_secured(&cfg)?;
     let tables = Tables::read(&cfg)?;
+    let mut reactor = new_reactor(&cfg, &tables)?;
+    // The tenancy file is checked now and applied, as a journaled change, once the journal is replayed.
+    let tenancy_file = read_tenancy_file(&cfg)?;
+    let (client, store, connected) = connect(&cfg).await?;
+    let name = cfg.name.clone().unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        format!("{}-{}", host.trim(), std::process::id())
+    });
+    let (journal, lease) = recover(&cfg, &store, &name, &mut reactor, tenancy_file).await?;
+    // From here on, what steps do is counted for the metrics (replay above counted nothing).
+    reactor.observe();
+    let (handle, rx, tokens_tx) = open_handle(&cfg, &store, client, tables, &reactor).await?;
+    let task = Task::new(
+        reactor,
+        journal,
+        handle.clone(),
+        tokens_tx,
+        cfg.retention_ms,
+        Duration::from_millis(cfg.offer_timeout_ms),
+    );
+    let tick = Duration::from_millis(cfg.tick_ms.max(10));
+    let reactor_task = tokio::spawn(reactor_loop(task, rx, connected, tick));
+    serve_edges(&cfg, &handle).await?;
+    hold_lease(lease, reactor_task).await
+}
+
+/// The reactor, with the tables the broker was started with.
+fn new_reactor(cfg: &BrokerConfig, tables: &Tables) -> anyhow::Result<Reactor<BufferJournal>> {
     let regions = tables.regions()?;
     let rtt = tables.rtt.clone();
     tracing::info!(
@@ -236,21 +264,33 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
         exhaustive_passes: false,
     };
     let throughput = tables.throughput()?;
-    let mut reactor =
-        Reactor::new(core, rtt, regions, BufferJournal::default()).with_throughput(throughput);
-    // Whether the broker's own connection is up: sites are not judged by heartbeats it could not hear.
-    let (connected_tx, connected) = tokio::sync::watch::channel(true);
-    // The tenancy file is checked now and applied, as a journaled change, once the journal is replayed.
-    let tenancy_file = match &cfg.tenancy {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            meridian_core::quota::Tenancy::from_toml(&text)
-                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-            Some(text)
-        }
-        None => None,
+    Ok(Reactor::new(core, rtt, regions, BufferJournal::default()).with_throughput(throughput))
+}
+
+/// The tenancy file's text, checked.
+fn read_tenancy_file(cfg: &BrokerConfig) -> anyhow::Result<Option<String>> {
+    let Some(path) = &cfg.tenancy else {
+        return Ok(None);
     };
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    meridian_core::quota::Tenancy::from_toml(&text)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    Ok(Some(text))
+}
+
+/// The broker's two NATS connections — the one that serves and answers, and JetStream's own, which answers
+/// no request (no reply subject a caller names can reach the journal, lease, snapshots, archive, ledger or
+/// audit; nats-server's permissions say so too) — and whether the first is up (sites are not judged by
+/// heartbeats the broker could not hear).
+async fn connect(
+    cfg: &BrokerConfig,
+) -> anyhow::Result<(
+    async_nats::Client,
+    async_nats::Client,
+    tokio::sync::watch::Receiver<bool>,
+)> {
+    let (connected_tx, connected) = tokio::sync::watch::channel(true);
     let client = cfg
         .access
         .options("meridian broker")?
@@ -282,8 +322,6 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
             .as_deref()
             .unwrap_or("an anonymous user")
     );
-    // JetStream over a connection of its own, which answers no request: no reply subject a caller names can
-    // reach the journal, lease, snapshots, archive, ledger or audit (nats-server's permissions say so too).
     let store_access = cfg.store_access();
     let store = store_access
         .options("meridian broker store")?
@@ -292,18 +330,23 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
         .connect(meridian_federation::nats_servers(&store_access.nats))
         .await
         .with_context(|| format!("connecting to {} for storage", store_access.display_url()))?;
+    Ok((client, store, connected))
+}
 
-    let name = cfg.name.clone().unwrap_or_else(|| {
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-        format!("{}-{}", host.trim(), std::process::id())
-    });
+/// Loads the state, follows the journal while waiting for the lease (a hot standby, so taking over costs
+/// only the records written since the last look), then fences out the broker active before and resumes.
+async fn recover(
+    cfg: &BrokerConfig,
+    store: &async_nats::Client,
+    name: &str,
+    reactor: &mut Reactor<BufferJournal>,
+    tenancy_file: Option<String>,
+) -> anyhow::Result<(journal::JetStreamJournal, lease::Lease)> {
     let holder = lease::Holder {
-        broker: name.clone(),
+        broker: name.to_owned(),
         http: cfg.http.clone(),
         lease_ms: cfg.lease_ms.max(100),
     };
-    // Load the state first and keep following the journal while waiting for the lease (a hot standby), so
-    // that taking over costs only the records written since the last look.
     let loading = std::time::Instant::now();
     let instance = format!("{name}-{}", now_ms());
     let mut journal = patiently("the journal", || {
@@ -320,32 +363,15 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
         reactor.restore(snap);
     }
     reactor.replay_batches(&recovered.batches);
-    let mut replayed = records_in(&recovered.batches);
-    let mut batches = recovered.batches.len();
+    let mut loaded = (records_in(&recovered.batches), recovered.batches.len());
     drop(recovered.batches);
     let load_ms = loading.elapsed().as_millis();
-
     let acquire = patiently("the lease", || {
         lease::Lease::acquire(store.clone(), &holder, cfg.replicas)
     });
-    tokio::pin!(acquire);
-    let mut follow = tokio::time::interval(Duration::from_millis(500));
-    let mut lease = loop {
-        tokio::select! {
-            lease = &mut acquire => break lease?,
-            _ = follow.tick() => match journal.catch_up().await {
-                Ok(late) => {
-                    reactor.replay_batches(&late);
-                    replayed += records_in(&late);
-                    batches += late.len();
-                }
-                Err(e) => tracing::warn!("following the journal: {e:#}"),
-            },
-        }
-    };
+    let lease = follow_until(acquire, &mut journal, reactor, &mut loaded).await?;
     tracing::info!("broker {name} is active");
     let taking_over = std::time::Instant::now();
-    // Fence out the broker that was active before, and replay what it wrote since the last look.
     let late = journal.take_over(reactor.state().format()).await?;
     reactor.replay_batches(&late);
     if let Some((seq, reason)) = journal.unreadable() {
@@ -354,9 +380,48 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
             tracing::warn!("the tenancy file is applied at a start with a readable journal");
         }
     } else {
-        resume(&mut reactor, &mut journal).await?;
-        apply_tenancy_file(&mut reactor, &mut journal, tenancy_file).await?;
+        resume(reactor, &mut journal).await?;
+        apply_tenancy_file(reactor, &mut journal, tenancy_file).await?;
     }
+    say_recovered(reactor);
+    tracing::info!(
+        "recovered {} jobs and {} sites from {}{} journal records ({} batches) in {} ms",
+        reactor.state().jobs().len(),
+        reactor.state().sites().len(),
+        if from_snapshot { "a snapshot and " } else { "" },
+        loaded.0 + records_in(&late),
+        loaded.1,
+        load_ms + taking_over.elapsed().as_millis()
+    );
+    Ok((journal, lease))
+}
+
+/// Replays what other brokers journal until the lease is taken; `loaded` counts records and batches.
+async fn follow_until(
+    acquire: impl std::future::Future<Output = anyhow::Result<lease::Lease>>,
+    journal: &mut journal::JetStreamJournal,
+    reactor: &mut Reactor<BufferJournal>,
+    loaded: &mut (usize, usize),
+) -> anyhow::Result<lease::Lease> {
+    tokio::pin!(acquire);
+    let mut follow = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        tokio::select! {
+            lease = &mut acquire => return lease,
+            _ = follow.tick() => match journal.catch_up().await {
+                Ok(late) => {
+                    reactor.replay_batches(&late);
+                    loaded.0 += records_in(&late);
+                    loaded.1 += late.len();
+                }
+                Err(e) => tracing::warn!("following the journal: {e:#}"),
+            },
+        }
+    }
+}
+
+/// Logs the tenancy recovered, or why it could not be read.
+fn say_recovered(reactor: &Reactor<BufferJournal>) {
     if let Some(e) = &reactor.state().tenancy_toml_error() {
         tracing::error!(
             "the journaled tenancy could not be read ({e}); quotas are off until it is set again"
@@ -370,18 +435,20 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
             t.budgets.len()
         );
     }
-    tracing::info!(
-        "recovered {} jobs and {} sites from {}{} journal records ({} batches) in {} ms",
-        reactor.state().jobs().len(),
-        reactor.state().sites().len(),
-        if from_snapshot { "a snapshot and " } else { "" },
-        replayed + records_in(&late),
-        batches,
-        load_ms + taking_over.elapsed().as_millis()
-    );
+}
 
-    // From here on, what steps do is counted for the metrics (replay above counted nothing).
-    reactor.observe();
+/// The handle the API edges share, the reactor task's input, and the API tokens' watch.
+async fn open_handle(
+    cfg: &BrokerConfig,
+    store: &async_nats::Client,
+    client: async_nats::Client,
+    tables: Tables,
+    reactor: &Reactor<BufferJournal>,
+) -> anyhow::Result<(
+    BrokerHandle,
+    mpsc::UnboundedReceiver<Input>,
+    tokio::sync::watch::Sender<auth::Tokens>,
+)> {
     let (tx, rx) = mpsc::unbounded_channel();
     let archive = patiently("the archive", || {
         archive::Archive::open(store.clone(), cfg.replicas)
@@ -391,86 +458,81 @@ pub async fn run(cfg: BrokerConfig) -> anyhow::Result<()> {
         audit::Audit::open(store.clone(), cfg.replicas)
     })
     .await?;
-    let (tokens_tx, tokens_rx) = tokio::sync::watch::channel(tokens_of(&reactor));
+    let (tokens_tx, tokens_rx) = tokio::sync::watch::channel(tokens_of(reactor));
+    let rate = |per_s, burst| auth::Rate { per_s, burst };
     let auth = auth::Auth::new(
         cfg.insecure,
         cfg.admin_token.as_deref(),
         tokens_rx,
-        auth::Rate {
-            per_s: cfg.tenant_rate,
-            burst: cfg.tenant_burst,
-        },
-        auth::Rate {
-            per_s: cfg.site_rate,
-            burst: cfg.site_burst,
-        },
+        rate(cfg.tenant_rate, cfg.tenant_burst),
+        rate(cfg.site_rate, cfg.site_burst),
     );
+    let traces = meridian_adapters::telemetry::Telemetry::from_env("meridian-broker")
+        .map_err(anyhow::Error::msg)?
+        .map(|t| {
+            tracing::info!("exporting traces over OTLP/HTTP");
+            std::sync::Arc::new(traces::Traces::new(t))
+        });
     let handle = BrokerHandle {
-        archive: archive.clone(),
+        archive,
         tx,
-        client: client.clone(),
+        client,
         auth: std::sync::Arc::new(auth),
         audit,
         metrics: std::sync::Arc::new(metrics::Metrics::new()),
-        traces: meridian_adapters::telemetry::Telemetry::from_env("meridian-broker")
-            .map_err(anyhow::Error::msg)?
-            .map(|t| {
-                tracing::info!("exporting traces over OTLP/HTTP");
-                std::sync::Arc::new(traces::Traces::new(t))
-            }),
+        traces,
         tables: std::sync::Arc::new(tables),
     };
-    let reactor_task = tokio::spawn(reactor_loop(
-        reactor,
-        journal,
-        archive,
-        cfg.retention_ms,
-        rx,
-        connected,
-        handle.clone(),
-        tokens_tx,
-        Duration::from_millis(cfg.tick_ms.max(10)),
-        Duration::from_millis(cfg.offer_timeout_ms),
-    ));
+    Ok((handle, rx, tokens_tx))
+}
 
-    spawn_site_listener(&handle, SiteTopic::Advert).await?;
-    spawn_site_listener(&handle, SiteTopic::Heartbeat).await?;
-    spawn_site_listener(&handle, SiteTopic::Status).await?;
-    spawn_site_listener(&handle, SiteTopic::Metrics).await?;
-    let api_sub = client.subscribe(subjects::api::ALL).await?;
+/// Listens to the sites and the NATS API, serves HTTP, and asks agents for their adverts (after a restart
+/// the broker knows no sites).
+async fn serve_edges(cfg: &BrokerConfig, handle: &BrokerHandle) -> anyhow::Result<()> {
+    for topic in [
+        SiteTopic::Advert,
+        SiteTopic::Heartbeat,
+        SiteTopic::Status,
+        SiteTopic::Metrics,
+    ] {
+        spawn_site_listener(handle, topic).await?;
+    }
+    let api_sub = handle.client.subscribe(subjects::api::ALL).await?;
     tokio::spawn(api::nats::serve(handle.clone(), api_sub));
-
     let listener = tokio::net::TcpListener::bind(&cfg.http)
         .await
         .with_context(|| format!("binding the HTTP API to {}", cfg.http))?;
     let addr = listener.local_addr()?;
-    tracing::info!(
-        "HTTP API on {}://{addr}",
-        if cfg.tls_cert.is_some() {
-            "https"
-        } else {
-            "http"
-        }
-    );
+    let scheme = if cfg.tls_cert.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    tracing::info!("HTTP API on {scheme}://{addr}");
     if let Some(path) = &cfg.http_addr_file {
         let tmp = path.with_extension("tmp");
         std::fs::write(&tmp, addr.to_string())?;
         std::fs::rename(&tmp, path)?;
     }
-    http::serve(listener, handle.clone(), &cfg).await?;
-
-    // Ask agents for their adverts: after a restart the broker knows no sites.
+    http::serve(listener, handle.clone(), cfg).await?;
     let hello = encode(&BrokerHello {
         v: WIRE_VERSION,
         sent_at_ms: now_ms(),
     })?;
-    client
+    handle
+        .client
         .publish(subjects::BROKER_HELLO, Bytes::from(hello))
         .await?;
+    Ok(())
+}
 
+/// Renews the lease until a signal or the reactor task stops the broker, then hands it back.
+async fn hold_lease(
+    mut lease: lease::Lease,
+    mut reactor_task: tokio::task::JoinHandle<anyhow::Result<()>>,
+) -> anyhow::Result<()> {
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut renew = tokio::time::interval(lease.lease / 3);
-    let mut reactor_task = reactor_task;
     loop {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => break,

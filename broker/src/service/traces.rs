@@ -70,105 +70,33 @@ impl Traces {
     }
 }
 
+/// A span of an attempt, with nothing said of it yet.
+fn span(job: &JobId, attempt: u32, kind: SpanKind, start_ms: u64, end_ms: u64) -> SpanRecord {
+    SpanRecord {
+        job: job.clone(),
+        attempt,
+        kind,
+        parent: None,
+        start_ms,
+        end_ms,
+        attributes: Vec::new(),
+        events: Vec::new(),
+        error: None,
+    }
+}
+
 impl Maker {
     fn record_one(&mut self, o: &Observation) {
-        let open = &mut self.open;
-        let span = |job: &JobId, attempt: u32, kind, start_ms, end_ms| SpanRecord {
-            job: job.clone(),
-            attempt,
-            kind,
-            parent: None,
-            start_ms,
-            end_ms,
-            attributes: Vec::new(),
-            events: Vec::new(),
-            error: None,
-        };
         match o {
-            Observation::Placed {
-                job,
-                attempt,
-                tenant,
-                site,
-                policy,
-                tier,
-                waiting_since_ms,
-                at_ms,
-                terms,
-            } => {
-                let mut s = span(
-                    job,
-                    *attempt,
-                    SpanKind::Placement,
-                    *waiting_since_ms,
-                    *at_ms,
-                );
-                s.attributes = site_attrs(site, *tier);
-                s.attributes.extend([
-                    ("meridian.tenant", text(tenant)),
-                    ("meridian.policy", text(policy)),
-                    (
-                        "meridian.cost_usd",
-                        Value::Float(terms.cost_micro_usd as f64 / 1e6),
-                    ),
-                    ("meridian.co2e_g", Value::Int(terms.co2_g as i64)),
-                    ("meridian.latency_ms", Value::Float(terms.latency_ms)),
-                    ("meridian.score", Value::Float(terms.score)),
-                ]);
-                self.telemetry.span(&s);
-                if open.len() >= MAX_OPEN {
-                    open.clear();
-                }
-                open.insert(
-                    (job.clone(), *attempt),
-                    Open {
-                        waiting_since_ms: *waiting_since_ms,
-                        offered_ms: *at_ms,
-                        policy: policy.clone(),
-                        events: Vec::new(),
-                    },
-                );
-            }
-            Observation::Answered {
-                job,
-                attempt,
-                site,
-                answer,
-                at_ms,
-            } => {
-                let key = (job.clone(), *attempt);
-                let start = open.get(&key).map_or(*at_ms, |o| o.offered_ms);
-                let mut s = span(job, *attempt, SpanKind::Offer, start, *at_ms);
-                s.attributes = vec![
-                    ("meridian.site", text(site)),
-                    ("meridian.answer", text(answer.as_str())),
-                ];
-                if *answer != Answer::Accepted {
-                    s.error = Some(format!("offer {}", answer.as_str()));
-                }
-                self.telemetry.span(&s);
-                if *answer != Answer::Accepted {
-                    // The attempt ends here: it never ran.
-                    let o = open.remove(&key);
-                    let mut root = span(
-                        job,
-                        *attempt,
-                        SpanKind::Attempt,
-                        o.as_ref().map_or(start, |o| o.waiting_since_ms),
-                        *at_ms,
-                    );
-                    root.attributes = vec![("meridian.site", text(site))];
-                    root.error = Some(format!("offer {}", answer.as_str()));
-                    self.telemetry.span(&root);
-                }
-            }
+            Observation::Placed { .. } => self.placed(o),
+            Observation::Answered { .. } => self.answered(o),
             Observation::Preempted {
                 job,
                 attempt,
                 reason,
                 at_ms,
             } => {
-                if let Some(o) = open.get_mut(&(job.clone(), *attempt)) {
+                if let Some(o) = self.open.get_mut(&(job.clone(), *attempt)) {
                     o.events.push((
                         *at_ms,
                         "preempted",
@@ -176,38 +104,128 @@ impl Maker {
                     ));
                 }
             }
-            Observation::Metered {
-                job,
-                attempt,
-                tenant,
-                site,
-                tier,
-                amounts,
-                offered_ms,
-                ended_ms,
-                ..
-            } => {
-                let o = open.remove(&(job.clone(), *attempt));
-                let start = o.as_ref().map_or(*offered_ms, |o| o.waiting_since_ms);
-                let mut root = span(job, *attempt, SpanKind::Attempt, start, *ended_ms);
-                root.attributes = site_attrs(site, *tier);
-                root.attributes.extend([
-                    ("meridian.tenant", text(tenant)),
-                    (
-                        "meridian.cost_usd",
-                        Value::Float(amounts.cost_micro_usd as f64 / 1e6),
-                    ),
-                    ("meridian.energy_wh", Value::Int(amounts.energy_wh as i64)),
-                    ("meridian.co2e_g", Value::Int(amounts.co2_g as i64)),
-                ]);
-                if let Some(o) = o {
-                    root.attributes.push(("meridian.policy", text(o.policy)));
-                    root.events = o.events;
-                }
-                self.telemetry.span(&root);
-            }
+            Observation::Metered { .. } => self.metered(o),
             // An attempt's span ends when it is metered.
             Observation::Finished { .. } => {}
         }
+    }
+
+    /// The placement span, and the attempt kept open until it ends.
+    fn placed(&mut self, o: &Observation) {
+        let Observation::Placed {
+            job,
+            attempt,
+            tenant,
+            site,
+            policy,
+            tier,
+            waiting_since_ms,
+            at_ms,
+            terms,
+        } = o
+        else {
+            return;
+        };
+        let mut s = span(
+            job,
+            *attempt,
+            SpanKind::Placement,
+            *waiting_since_ms,
+            *at_ms,
+        );
+        s.attributes = site_attrs(site, *tier);
+        s.attributes.extend([
+            ("meridian.tenant", text(tenant)),
+            ("meridian.policy", text(policy)),
+            (
+                "meridian.cost_usd",
+                Value::Float(terms.cost_micro_usd as f64 / 1e6),
+            ),
+            ("meridian.co2e_g", Value::Int(terms.co2_g as i64)),
+            ("meridian.latency_ms", Value::Float(terms.latency_ms)),
+            ("meridian.score", Value::Float(terms.score)),
+        ]);
+        self.telemetry.span(&s);
+        if self.open.len() >= MAX_OPEN {
+            self.open.clear();
+        }
+        self.open.insert(
+            (job.clone(), *attempt),
+            Open {
+                waiting_since_ms: *waiting_since_ms,
+                offered_ms: *at_ms,
+                policy: policy.clone(),
+                events: Vec::new(),
+            },
+        );
+    }
+
+    /// The offer's span; a refused offer ends the attempt, which never ran.
+    fn answered(&mut self, o: &Observation) {
+        let Observation::Answered {
+            job,
+            attempt,
+            site,
+            answer,
+            at_ms,
+        } = o
+        else {
+            return;
+        };
+        let key = (job.clone(), *attempt);
+        let start = self.open.get(&key).map_or(*at_ms, |o| o.offered_ms);
+        let mut s = span(job, *attempt, SpanKind::Offer, start, *at_ms);
+        s.attributes = vec![
+            ("meridian.site", text(site)),
+            ("meridian.answer", text(answer.as_str())),
+        ];
+        if *answer != Answer::Accepted {
+            s.error = Some(format!("offer {}", answer.as_str()));
+        }
+        self.telemetry.span(&s);
+        if *answer != Answer::Accepted {
+            let o = self.open.remove(&key);
+            let since = o.as_ref().map_or(start, |o| o.waiting_since_ms);
+            let mut root = span(job, *attempt, SpanKind::Attempt, since, *at_ms);
+            root.attributes = vec![("meridian.site", text(site))];
+            root.error = Some(format!("offer {}", answer.as_str()));
+            self.telemetry.span(&root);
+        }
+    }
+
+    /// The attempt's root span, with its metered amounts and what happened to it.
+    fn metered(&mut self, o: &Observation) {
+        let Observation::Metered {
+            job,
+            attempt,
+            tenant,
+            site,
+            tier,
+            amounts,
+            offered_ms,
+            ended_ms,
+            ..
+        } = o
+        else {
+            return;
+        };
+        let o = self.open.remove(&(job.clone(), *attempt));
+        let start = o.as_ref().map_or(*offered_ms, |o| o.waiting_since_ms);
+        let mut root = span(job, *attempt, SpanKind::Attempt, start, *ended_ms);
+        root.attributes = site_attrs(site, *tier);
+        root.attributes.extend([
+            ("meridian.tenant", text(tenant)),
+            (
+                "meridian.cost_usd",
+                Value::Float(amounts.cost_micro_usd as f64 / 1e6),
+            ),
+            ("meridian.energy_wh", Value::Int(amounts.energy_wh as i64)),
+            ("meridian.co2e_g", Value::Int(amounts.co2_g as i64)),
+        ]);
+        if let Some(o) = o {
+            root.attributes.push(("meridian.policy", text(o.policy)));
+            root.events = o.events;
+        }
+        self.telemetry.span(&root);
     }
 }
