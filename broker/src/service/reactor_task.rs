@@ -25,13 +25,13 @@ pub(super) struct Task {
     was_down: bool,
 }
 
+/// Where the answer to a change goes.
+type Answered = oneshot::Sender<Result<Response, StepError>>;
+
 /// What a batch says once it is stored: answers to changes and questions, and audit entries.
 #[derive(Default)]
 struct Said {
-    replies: Vec<(
-        oneshot::Sender<Result<Response, StepError>>,
-        Result<Response, StepError>,
-    )>,
+    replies: Vec<(Answered, Result<Response, StepError>)>,
     answers: Vec<(oneshot::Sender<Answer>, Answer)>,
     audited: Vec<meridian_federation::AuditEntry>,
 }

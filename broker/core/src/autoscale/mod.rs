@@ -26,6 +26,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 /// knee, [`crate::placement::BALANCED_MAX_PREMIUM`]).
 pub const BALANCED_PREMIUM: f64 = crate::placement::BALANCED_MAX_PREMIUM;
 
+mod deployed;
 mod offers;
 mod packing;
 mod plan;
@@ -34,6 +35,9 @@ mod scaler;
 #[cfg(test)]
 mod tests;
 
+pub use deployed::{
+    settings, Autoscaler, Key as ServiceKey, EVERY_MS, SPOT_HOLD_MS, STALE_MS, STUCK_MS,
+};
 pub use offers::*;
 use packing::*;
 pub use plan::*;

@@ -61,7 +61,7 @@ impl Autoscaling {
                 reply,
             } => {
                 let r = authz::may_route(reactor, &who, &tenant, &name)
-                    .map(|spec| self.routes(reactor, spec, now));
+                    .map(|spec| self.scaler.routes(reactor, spec, now));
                 let _ = reply.send(r);
             }
             ServiceCall::Watch {
@@ -73,7 +73,7 @@ impl Autoscaling {
                 reply,
             } => {
                 let r = authz::may_route(reactor, &who, &tenant, &name)
-                    .map(|spec| self.routes(reactor, spec, now))
+                    .map(|spec| self.scaler.routes(reactor, spec, now))
                     .and_then(|routes| {
                         self.watch((tenant, name), deliver, now + lease_ms, routes, now)
                     });
@@ -100,7 +100,8 @@ impl Autoscaling {
             })?;
         let spec = authz::visible_service(reactor, who, &tenant, &report.service)?;
         authz::may_feed(who, spec)?;
-        self.report(&tenant, &report.service, report.locations, now);
+        self.scaler
+            .report(&tenant, &report.service, report.locations, now);
         Ok(())
     }
 
@@ -122,7 +123,7 @@ impl Autoscaling {
             {
                 continue;
             }
-            out.push(self.view(reactor, spec, now));
+            out.push(self.scaler.view(reactor, spec, now));
         }
         if let (Some(n), true) = (name, out.is_empty()) {
             return Err(StepError::NotFound {
@@ -142,7 +143,7 @@ impl Autoscaling {
         now: Millis,
     ) -> Result<RoutesUpdate, StepError> {
         let service = key.1.clone();
-        let run = self.runs.entry(key).or_default();
+        let run = self.watching.entry(key).or_default();
         run.watches.retain(|w| w.until > now);
         // Sent again from the same inbox: a renewal, numbered on.
         let watched = run.watches.len();

@@ -1,7 +1,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use super::*;
-use meridian_core::testkit::{job, site, TestEnv};
+use crate::testkit::{job, site, TestEnv};
 use meridian_federation::{GeoPoint, Tier};
 
 fn service() -> ServiceSpec {
@@ -35,7 +35,7 @@ fn a_replica_that_waits_too_long_for_room_is_placed_elsewhere() {
     ]);
     let spec = service();
     env.step(Event::ServiceDeployed(spec.clone()));
-    let mut scaling = Autoscaling::default();
+    let mut scaling = Autoscaler::default();
     let new_york = LocationRate {
         name: "new-york".into(),
         location: GeoPoint {
@@ -46,7 +46,7 @@ fn a_replica_that_waits_too_long_for_room_is_placed_elsewhere() {
         per_s: 5.0,
     };
     scaling.report(&spec.tenant, &spec.name, vec![new_york.clone()], env.now);
-    let first = scaling.events(&env.reactor, env.now);
+    let first = scaling.plan(&env.reactor, env.now);
     assert_eq!(
         first.iter().filter_map(pinned_to).collect::<Vec<_>>(),
         ["near-a"]
@@ -78,7 +78,7 @@ fn a_replica_that_waits_too_long_for_room_is_placed_elsewhere() {
         env.heartbeat("near-b");
         env.advance(5_000);
         scaling.report(&spec.tenant, &spec.name, vec![new_york.clone()], env.now);
-        for e in scaling.events(&env.reactor, env.now) {
+        for e in scaling.plan(&env.reactor, env.now) {
             seen.push((env.now, e.clone()));
             env.step(e);
         }
@@ -132,13 +132,13 @@ fn replicas_that_keep_exiting_back_off_and_one_that_runs_ten_minutes_clears_it()
     let mut spec = service();
     spec.min_replicas = 1;
     env.step(Event::ServiceDeployed(spec.clone()));
-    let mut scaling = Autoscaling::default();
+    let mut scaling = Autoscaler::default();
     let start = env.now;
     let mut starts: Vec<Millis> = Vec::new();
     let tick =
-        |env: &mut TestEnv, scaling: &mut Autoscaling, starts: &mut Vec<Millis>, fail: bool| {
+        |env: &mut TestEnv, scaling: &mut Autoscaler, starts: &mut Vec<Millis>, fail: bool| {
             env.heartbeat("near-a");
-            for e in scaling.events(&env.reactor, env.now) {
+            for e in scaling.plan(&env.reactor, env.now) {
                 if pinned_to(&e).is_some() {
                     starts.push(env.now - start);
                 }

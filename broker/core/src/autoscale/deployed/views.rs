@@ -2,7 +2,7 @@
 
 use super::*;
 
-impl Autoscaling {
+impl Autoscaler {
     /// A service as `meridian service show` gives it.
     pub fn view<J: Journal>(
         &self,
@@ -97,8 +97,8 @@ impl Autoscaling {
 fn replica_views<J: Journal>(
     reactor: &Reactor<J>,
     spec: &ServiceSpec,
-    offers: &[meridian_core::autoscale::Offer],
-    have: &BTreeMap<ReplicaKey, meridian_core::autoscale::Present>,
+    offers: &[crate::autoscale::Offer],
+    have: &BTreeMap<ReplicaKey, crate::autoscale::Present>,
     per_key: &BTreeMap<ReplicaKey, f64>,
     now: Millis,
 ) -> Vec<ServiceReplicaView> {
