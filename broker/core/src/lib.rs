@@ -9,7 +9,6 @@ pub mod crashloop;
 pub mod durable;
 pub mod error;
 pub mod index;
-pub mod inference;
 pub mod journal;
 pub mod latency;
 pub mod ledger;

@@ -11,7 +11,7 @@ pub mod trace;
 use anyhow::Context;
 use engine::{Ranking, SimJob};
 use federation::SimFederation;
-use meridian_core::inference::{plan_replicas, Population};
+use meridian_core::autoscale::{desired, offers, LocationDemand, Objective, Settings};
 use meridian_core::model::Site;
 use meridian_core::placement::Baseline;
 use meridian_federation::{
@@ -381,7 +381,7 @@ struct Inference {
     /// Population of each request.
     origins: Vec<usize>,
     /// The populations' locations and measured-table regions.
-    populations: Vec<Population>,
+    populations: Vec<LocationDemand>,
 }
 
 fn plan_inference(
@@ -400,48 +400,20 @@ fn plan_inference(
     }
     let peak_rps = per_minute.values().max().copied().unwrap_or(0) as f64 / 60.0;
     let total: f64 = weights.iter().sum();
-    let pops: Vec<Population> = CITIES
+    let pops: Vec<LocationDemand> = CITIES
         .iter()
         .enumerate()
-        .map(|(i, (name, w, _, _))| Population {
+        .map(|(i, (name, w, _, _))| LocationDemand {
             name: (*name).to_owned(),
             location: city(i).1,
             rtt_region: nearest_region(regions, city(i).1),
-            demand_rps: peak_rps * w / total,
+            rate: peak_rps * w / total,
         })
         .collect();
-    let sites: BTreeMap<SiteId, Site> = fed
-        .sites
-        .iter()
-        .map(|s| {
-            let advert = meridian_federation::SiteAdvert {
-                v: WIRE_VERSION,
-                site: s.info_at(opts.start_ms),
-                pools: s.pools.clone(),
-                generation: 1,
-                draining: false,
-                sent_at_ms: opts.start_ms,
-            };
-            (s.id.clone(), Site::from_advert(&advert, opts.start_ms))
-        })
-        .collect();
-    let plan = plan_replicas(&sites, &fed.rtt, &pops, opts.slo_ms, opts.replica_rps, 1000);
     let window_ms = requests.last().copied().unwrap_or(0) + 60_000;
     let mut replicas = Vec::new();
-    for (site, count) in &plan.replicas {
-        let users: Vec<UserLocation> = plan
-            .served_by
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.as_ref().is_some_and(|(x, _)| x == site))
-            .map(|(i, _)| UserLocation {
-                name: Some(pops[i].name.clone()),
-                location: pops[i].location,
-                weight: pops[i].demand_rps.max(1e-6),
-                rtt_region: pops[i].rtt_region.clone(),
-            })
-            .collect();
-        for r in 0..*count {
+    for (site, count, users) in sized_replicas(fed, opts, &pops) {
+        for r in 0..count {
             let mut spec = JobSpec::new(
                 TenantId::new("inference").unwrap_or_else(|_| unreachable!("literal id")),
                 format!("replica-{site}-{r}"),
@@ -469,6 +441,83 @@ fn plan_inference(
         origins,
         populations: pops,
     }
+}
+
+/// The inference service sized for its peak as the services' autoscaler sizes a deployed service
+/// ([`desired`]): every population served within the SLO by the owned sites first, then partner, then cloud,
+/// and within a tier the cheapest per request; each replica loaded fully. Per site: its replicas and the
+/// populations they are for, weighted by the rate each sends there.
+fn sized_replicas(
+    fed: &SimFederation,
+    opts: &SimOptions,
+    pops: &[LocationDemand],
+) -> Vec<(SiteId, u32, Vec<UserLocation>)> {
+    let sites: BTreeMap<SiteId, Site> = fed
+        .sites
+        .iter()
+        .map(|s| {
+            let advert = meridian_federation::SiteAdvert {
+                v: WIRE_VERSION,
+                site: s.info_at(opts.start_ms),
+                pools: s.pools.clone(),
+                generation: 1,
+                draining: false,
+                sent_at_ms: opts.start_ms,
+            };
+            (s.id.clone(), Site::from_advert(&advert, opts.start_ms))
+        })
+        .collect();
+    let view = meridian_core::placement::View {
+        sites: &sites,
+        rtt: &fed.rtt,
+        regions: &fed.regions,
+        throughput: &fed.throughput,
+        index: None,
+        format: meridian_core::durable::FORMAT_VERSION,
+    };
+    let replica = JobSpec::new(
+        TenantId::new("inference").unwrap_or_else(|_| unreachable!("literal id")),
+        "replica",
+        JobKind::Inference,
+        Resources::whole(AcceleratorKind::Gpu, 1),
+        "serve",
+    );
+    let offers = offers(view, &replica, opts.replica_rps, false);
+    let settings = Settings {
+        slo_ms: opts.slo_ms,
+        min_replicas: 0,
+        max_replicas: u32::MAX / 2,
+        utilization: 1.0,
+        objective: Objective::Cost,
+        up_delay_ms: 0,
+        down_delay_ms: 0,
+        window_ms: 0,
+    };
+    let plan = desired(&offers, pops, &fed.rtt, &settings);
+    let mut per_site: BTreeMap<SiteId, (u32, Vec<UserLocation>)> = BTreeMap::new();
+    for (key, n) in &plan.replicas {
+        per_site.entry(key.site.clone()).or_default().0 += n;
+    }
+    for (l, shares) in plan.served.iter().enumerate() {
+        let mut at: BTreeMap<&SiteId, f64> = BTreeMap::new();
+        for (i, rate) in shares {
+            *at.entry(&offers[*i].key.site).or_default() += rate;
+        }
+        for (site, rate) in at {
+            if let Some((_, users)) = per_site.get_mut(site) {
+                users.push(UserLocation {
+                    name: Some(pops[l].name.clone()),
+                    location: pops[l].location,
+                    weight: rate.max(1e-6),
+                    rtt_region: pops[l].rtt_region.clone(),
+                });
+            }
+        }
+    }
+    per_site
+        .into_iter()
+        .map(|(site, (n, users))| (site, n, users))
+        .collect()
 }
 
 /// Each request against the replicas actually running when it arrives: served within the SLO when a running
