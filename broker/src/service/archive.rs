@@ -17,6 +17,8 @@ use meridian_core::model::Job;
 use meridian_federation::subjects;
 use meridian_federation::{ExplainView, JobId, JobView, UnreadableView};
 use serde::{Deserialize, Serialize};
+#[cfg(test)]
+use std::collections::BTreeMap;
 
 /// The format of archive and ledger messages (see `meridian_core::durable`).
 const ARCHIVE_FORMAT: u32 = 1;
@@ -55,9 +57,19 @@ fn offer(seq: u64, payload: &[u8], keep: &mut impl FnMut(Archived) -> bool) -> b
 
 #[derive(Clone)]
 pub struct Archive {
-    js: jetstream::Context,
-    jobs: stream::Stream,
-    ledger: stream::Stream,
+    store: Store,
+}
+
+#[derive(Clone)]
+enum Store {
+    JetStream {
+        js: jetstream::Context,
+        jobs: stream::Stream,
+        ledger: stream::Stream,
+    },
+    /// The shell harness's stand-in (tests only): archived jobs by sequence, and the ledger.
+    #[cfg(test)]
+    Memory(memory::Shared),
 }
 
 impl Archive {
@@ -88,11 +100,37 @@ impl Archive {
             })
             .await
             .context("opening the ledger stream")?;
-        Ok(Archive { js, jobs, ledger })
+        Ok(Archive {
+            store: Store::JetStream { js, jobs, ledger },
+        })
+    }
+
+    /// An archive in memory, for the shell harness.
+    #[cfg(test)]
+    pub fn in_memory() -> Self {
+        Archive {
+            store: Store::Memory(Default::default()),
+        }
+    }
+
+    /// The JetStream streams (`None`: the harness's memory).
+    fn streams(&self) -> Option<(&jetstream::Context, &stream::Stream, &stream::Stream)> {
+        match &self.store {
+            Store::JetStream { js, jobs, ledger } => Some((js, jobs, ledger)),
+            #[cfg(test)]
+            Store::Memory(_) => None,
+        }
     }
 
     /// Stores finished jobs with their views, and their ledger; returns once JetStream has acknowledged all.
     pub async fn store(&self, jobs: Vec<(Job, JobView, ExplainView)>) -> anyhow::Result<()> {
+        #[cfg(test)]
+        if let Store::Memory(m) = &self.store {
+            return memory::store(m, jobs);
+        }
+        let Some((js, _, _)) = self.streams() else {
+            return Ok(());
+        };
         let mut acks = Vec::with_capacity(jobs.len() + 1);
         let entries: Vec<LedgerEntry> = jobs.iter().map(|(j, _, _)| LedgerEntry::of(j)).collect();
         for (job, mut view, explain) in jobs {
@@ -104,13 +142,13 @@ impl Archive {
                 view,
                 explain,
             })?;
-            acks.push(self.js.publish(subject, Bytes::from(body)).await?);
+            acks.push(js.publish(subject, Bytes::from(body)).await?);
         }
         let body = serde_json::to_vec(&LedgerBatch {
             format: ARCHIVE_FORMAT,
             entries,
         })?;
-        acks.push(self.js.publish(subjects::LEDGER, Bytes::from(body)).await?);
+        acks.push(js.publish(subjects::LEDGER, Bytes::from(body)).await?);
         for ack in acks {
             ack.await.context("archiving finished jobs")?;
         }
@@ -119,8 +157,14 @@ impl Archive {
 
     /// An archived job, by id.
     pub async fn job(&self, id: &JobId) -> anyhow::Result<Option<Archived>> {
-        match self
-            .jobs
+        #[cfg(test)]
+        if let Store::Memory(m) = &self.store {
+            return Ok(memory::job(m, id));
+        }
+        let Some((_, jobs, _)) = self.streams() else {
+            return Ok(None);
+        };
+        match jobs
             .direct_get_last_for_subject(subjects::archived_job(id))
             .await
         {
@@ -139,7 +183,14 @@ impl Archive {
         from: u64,
         mut keep: impl FnMut(Archived) -> bool,
     ) -> anyhow::Result<Option<u64>> {
-        let mut s = self.jobs.clone();
+        #[cfg(test)]
+        if let Store::Memory(m) = &self.store {
+            return Ok(memory::scan(m, from, keep));
+        }
+        let Some((_, jobs, _)) = self.streams() else {
+            return Ok(None);
+        };
+        let mut s = jobs.clone();
         let last = s
             .info()
             .await
@@ -149,8 +200,7 @@ impl Archive {
         if last < from.max(1) {
             return Ok(None);
         }
-        let consumer = self
-            .jobs
+        let consumer = jobs
             .create_consumer(consumer::pull::OrderedConfig {
                 deliver_policy: consumer::DeliverPolicy::ByStartSequence {
                     start_sequence: from.max(1),
@@ -185,12 +235,19 @@ impl Archive {
         from: Option<u64>,
         mut keep: impl FnMut(Archived) -> bool,
     ) -> anyhow::Result<Option<u64>> {
-        let mut s = self.jobs.clone();
+        #[cfg(test)]
+        if let Store::Memory(m) = &self.store {
+            return Ok(memory::scan_back(m, from, keep));
+        }
+        let Some((_, jobs, _)) = self.streams() else {
+            return Ok(None);
+        };
+        let mut s = jobs.clone();
         let state = s.info().await.context("reading the archive")?.state.clone();
         let first = state.first_sequence.max(1);
         let mut seq = from.map_or(state.last_sequence, |f| f.min(state.last_sequence));
         while seq >= first && seq > 0 {
-            let m = match self.jobs.get_raw_message(seq).await {
+            let m = match jobs.get_raw_message(seq).await {
                 Ok(m) => m,
                 // Overwritten by a later archiving of the same job, or removed by age.
                 Err(e) if e.kind() == stream::RawMessageErrorKind::NoMessageFound => {
@@ -210,7 +267,17 @@ impl Archive {
 
     /// The ledger of every archived job, and the ledger messages that could not be read (left out).
     pub async fn ledger(&self) -> anyhow::Result<(Vec<LedgerEntry>, Vec<UnreadableView>)> {
-        let mut s = self.ledger.clone();
+        #[cfg(test)]
+        if let Store::Memory(m) = &self.store {
+            return Ok((
+                m.lock().map(|m| m.1.clone()).unwrap_or_default(),
+                Vec::new(),
+            ));
+        }
+        let Some((_, _, ledger)) = self.streams() else {
+            return Ok((Vec::new(), Vec::new()));
+        };
+        let mut s = ledger.clone();
         let last = s
             .info()
             .await
@@ -222,8 +289,7 @@ impl Archive {
         if last == 0 {
             return Ok((out, unreadable));
         }
-        let consumer = self
-            .ledger
+        let consumer = ledger
             .create_consumer(consumer::pull::OrderedConfig {
                 deliver_policy: consumer::DeliverPolicy::All,
                 ..Default::default()
@@ -264,4 +330,80 @@ fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> anyhow::Result<T> {
         head.format
     );
     serde_json::from_slice(bytes).context("an archive message is unreadable")
+}
+
+/// The harness's archive in memory: one entry per job (a later archiving replaces it, as the stream's
+/// per-subject limit does), in sequence order.
+#[cfg(test)]
+mod memory {
+    use super::*;
+
+    /// Archived jobs by sequence, and the ledger.
+    pub type Shared = std::sync::Arc<std::sync::Mutex<(BTreeMap<u64, Archived>, Vec<LedgerEntry>)>>;
+
+    pub fn store(m: &Shared, jobs: Vec<(Job, JobView, ExplainView)>) -> anyhow::Result<()> {
+        let mut m = m
+            .lock()
+            .map_err(|_| anyhow::anyhow!("the archive's lock is poisoned"))?;
+        for (job, mut view, explain) in jobs {
+            view.archived = true;
+            m.1.push(LedgerEntry::of(&job));
+            m.0.retain(|_, a| a.job.id != job.id);
+            let seq = m.0.keys().next_back().map_or(1, |s| s + 1);
+            let format = ARCHIVE_FORMAT;
+            m.0.insert(
+                seq,
+                Archived {
+                    format,
+                    job,
+                    view,
+                    explain,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    pub fn job(m: &Shared, id: &JobId) -> Option<Archived> {
+        let m = m.lock().ok()?;
+        m.0.values().find(|a| &a.job.id == id).cloned()
+    }
+
+    pub fn scan(m: &Shared, from: u64, mut keep: impl FnMut(Archived) -> bool) -> Option<u64> {
+        let all: Vec<(u64, Archived)> = m
+            .lock()
+            .ok()?
+            .0
+            .range(from.max(1)..)
+            .map(|(s, a)| (*s, a.clone()))
+            .collect();
+        let last = all.last().map(|(s, _)| *s)?;
+        for (seq, a) in all {
+            if !keep(a) && seq < last {
+                return Some(seq + 1);
+            }
+        }
+        None
+    }
+
+    pub fn scan_back(
+        m: &Shared,
+        from: Option<u64>,
+        mut keep: impl FnMut(Archived) -> bool,
+    ) -> Option<u64> {
+        let all: Vec<(u64, Archived)> = m
+            .lock()
+            .ok()?
+            .0
+            .range(..=from.unwrap_or(u64::MAX))
+            .rev()
+            .map(|(s, a)| (*s, a.clone()))
+            .collect();
+        for (seq, a) in all {
+            if !keep(a) {
+                return (seq > 1).then_some(seq - 1);
+            }
+        }
+        None
+    }
 }

@@ -32,7 +32,15 @@ enum Msg {
 #[derive(Clone)]
 pub struct Audit {
     tx: mpsc::UnboundedSender<Msg>,
-    stream: stream::Stream,
+    store: Store,
+}
+
+#[derive(Clone)]
+enum Store {
+    JetStream(stream::Stream),
+    /// The shell harness's stand-in (tests only): every entry as it was handed over, refusals uncounted.
+    #[cfg(test)]
+    Memory(std::sync::Arc<std::sync::Mutex<Vec<AuditEntry>>>),
 }
 
 impl Audit {
@@ -55,7 +63,42 @@ impl Audit {
             .context("opening the audit stream")?;
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(writer(js, rx));
-        Ok(Audit { tx, stream })
+        Ok(Audit {
+            tx,
+            store: Store::JetStream(stream),
+        })
+    }
+
+    /// An audit kept in memory, for the shell harness.
+    #[cfg(test)]
+    pub fn in_memory() -> Self {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let kept: std::sync::Arc<std::sync::Mutex<Vec<AuditEntry>>> = Default::default();
+        let into = kept.clone();
+        tokio::spawn(async move {
+            while let Some(msg) = rx.recv().await {
+                let entries = match msg {
+                    Msg::Batch(entries) => entries,
+                    Msg::Refused(e) => vec![e],
+                };
+                if let Ok(mut kept) = into.lock() {
+                    kept.extend(entries);
+                }
+            }
+        });
+        Audit {
+            tx,
+            store: Store::Memory(kept),
+        }
+    }
+
+    /// The stream (`None`: the harness's memory, read by [`Audit::read`] itself).
+    fn stream(&self) -> Option<&stream::Stream> {
+        match &self.store {
+            Store::JetStream(s) => Some(s),
+            #[cfg(test)]
+            Store::Memory(_) => None,
+        }
     }
 
     /// The audited actions of one stored journal batch.
@@ -81,11 +124,21 @@ impl Audit {
     /// A page of the trail: oldest first from `after_seq`, or newest first before `before_seq`. A message
     /// that cannot be read is left out and named in the page's `unreadable`; the rest is answered.
     pub async fn read(&self, req: &AuditRequest) -> anyhow::Result<AuditPage> {
+        #[cfg(test)]
+        if let Store::Memory(kept) = &self.store {
+            let mut page = AuditPage::default();
+            let body = serde_json::to_vec(&*kept.lock().map_err(|_| anyhow::anyhow!("poisoned"))?)?;
+            take(&mut page, req, 1, &body, req.newest_first);
+            return Ok(page);
+        }
         if req.newest_first {
             return self.read_newest(req).await;
         }
+        let Some(stream) = self.stream() else {
+            return Ok(AuditPage::default());
+        };
         let limit = limit(req);
-        let mut s = self.stream.clone();
+        let mut s = stream.clone();
         let last = s
             .info()
             .await
@@ -108,8 +161,7 @@ impl Audit {
                 start_sequence: from,
             },
         };
-        let consumer = self
-            .stream
+        let consumer = stream
             .create_consumer(consumer::pull::OrderedConfig {
                 deliver_policy,
                 ..Default::default()
@@ -138,8 +190,11 @@ impl Audit {
 
     /// Newest first: messages read one by one downwards from `before_seq` (or the newest).
     async fn read_newest(&self, req: &AuditRequest) -> anyhow::Result<AuditPage> {
+        let Some(stream) = self.stream() else {
+            return Ok(AuditPage::default());
+        };
         let limit = limit(req);
-        let mut s = self.stream.clone();
+        let mut s = stream.clone();
         let state = s.info().await.context("reading the audit")?.state.clone();
         let mut page = AuditPage::default();
         let top = req.before_seq.map_or(state.last_sequence, |b| {
@@ -148,7 +203,7 @@ impl Audit {
         let mut bytes = 0usize;
         let mut seq = top;
         while seq >= state.first_sequence.max(1) {
-            let m = match self.stream.get_raw_message(seq).await {
+            let m = match stream.get_raw_message(seq).await {
                 Ok(m) => m,
                 Err(e) if e.kind() == stream::RawMessageErrorKind::NoMessageFound => {
                     seq -= 1;

@@ -16,6 +16,8 @@ pub mod reply;
 pub mod services;
 pub mod traces;
 
+#[cfg(test)]
+pub mod harness;
 mod queries;
 mod reactor_task;
 mod site_listener;

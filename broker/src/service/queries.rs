@@ -1,6 +1,6 @@
 //! The reactor task's answers to read-only questions, from the state as the last batch left it.
 
-use super::{authz, journal, now_ms};
+use super::{authz, now_ms};
 use meridian_core::access::{Principal, Verb};
 use meridian_core::journal::BufferJournal;
 use meridian_core::model::Job;
@@ -64,10 +64,10 @@ pub enum Answer {
     Queues(meridian_federation::QueuesView),
 }
 
-/// Answers one question.
+/// Answers one question; `unreadable` is the journal message that keeps the broker read-only, if one does.
 pub(super) fn answer(
     reactor: &Reactor<BufferJournal>,
-    journal: &journal::JetStreamJournal,
+    unreadable: Option<(u64, &str)>,
     q: Query,
 ) -> Answer {
     let st = reactor.state();
@@ -92,9 +92,7 @@ pub(super) fn answer(
         Query::Sites => Answer::Sites(sites(reactor)),
         Query::Format => Answer::Format(
             st.format(),
-            journal
-                .unreadable()
-                .map(|(seq, reason)| (seq, reason.to_owned())),
+            unreadable.map(|(seq, reason)| (seq, reason.to_owned())),
         ),
         Query::Tokens => Answer::Tokens(st.tokens().values().cloned().collect()),
         Query::Gauges => Answer::Gauges(reactor.gauges()),

@@ -192,7 +192,7 @@ impl Task {
             }
             Input::Query(q, tx) => said
                 .answers
-                .push((tx, answer(&self.reactor, &self.journal, q))),
+                .push((tx, answer(&self.reactor, self.journal.unreadable(), q))),
             Input::Services(call) => self.autoscaling.serve(&self.reactor, call, now),
             Input::Quarantine { seq, who, reply } => {
                 let (reactor, journal) = (&mut self.reactor, &mut self.journal);
@@ -296,7 +296,7 @@ pub(super) async fn read_only(
         };
         match input {
             Input::Query(q, tx) => {
-                let _ = tx.send(answer(reactor, journal, q));
+                let _ = tx.send(answer(reactor, journal.unreadable(), q));
             }
             Input::Services(call) => autoscaling.serve(reactor, call, now_ms()),
             Input::Event {

@@ -196,3 +196,5 @@ pub async fn reply(
         .await
         .unwrap_or_else(ApiError::into_reply)
 }
+#[cfg(test)]
+mod tests;
