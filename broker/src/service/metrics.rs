@@ -127,87 +127,8 @@ impl Metrics {
             scrape: Mutex::new(()),
             registry: Registry::default(),
         };
-        r.register(
-            "meridian_placements",
-            "Offers made, by the job's policy and the site's tier",
-            m.placements.clone(),
-        );
-        r.register_with_unit(
-            "meridian_admission_wait",
-            "Time a job waited for this attempt before it was offered",
-            Unit::Seconds,
-            m.admission_wait.clone(),
-        );
-        r.register_with_unit(
-            "meridian_placement_decision",
-            "Broker time per placement: a step's time divided among the offers it made",
-            Unit::Seconds,
-            m.decision.clone(),
-        );
-        r.register(
-            "meridian_offers_failed",
-            "Offers that did not lead to a run, by reason (refused, timed_out)",
-            m.offers_failed.clone(),
-        );
-        r.register(
-            "meridian_preemptions",
-            "Running jobs stopped for another, by reason (quota_reclaim, priority)",
-            m.preemptions.clone(),
-        );
-        r.register_with_unit(
-            "meridian_journal_append",
-            "Time to store a batch of journal records in JetStream",
-            Unit::Seconds,
-            m.journal_append.clone(),
-        );
-        r.register(
-            "meridian_tenant_cost_usd",
-            "Money metered for finished attempts, by tenant",
-            m.cost.clone(),
-        );
-        r.register_with_unit(
-            "meridian_tenant_energy",
-            "Energy metered for finished attempts (PUE included), by tenant",
-            Unit::Joules,
-            m.energy.clone(),
-        );
-        r.register(
-            "meridian_tenant_co2e_grams",
-            "Carbon metered for finished attempts, grams CO2e, by tenant",
-            m.co2e.clone(),
-        );
-        r.register_with_unit(
-            "meridian_burst_device",
-            "Device time run on cloud-tier sites (bursts)",
-            Unit::Seconds,
-            m.burst.clone(),
-        );
-        r.register(
-            "meridian_replies_refused",
-            "Answers the broker did not send because the request named a reply subject that is not the caller's own inbox, by what was asked",
-            m.replies_refused.clone(),
-        );
-        r.register(
-            "meridian_jobs_finished",
-            "Jobs that reached their end, by outcome (succeeded, failed, cancelled); a service's replicas included",
-            m.finished.clone(),
-        );
-        r.register(
-            "meridian_pending_jobs",
-            "Jobs waiting, by queue and reason",
-            m.pending.clone(),
-        );
-        r.register("meridian_jobs", "Live jobs by phase", m.jobs.clone());
-        r.register(
-            "meridian_sites",
-            "Sites by state (up, draining, lost, revoked)",
-            m.sites.clone(),
-        );
-        r.register(
-            "meridian_devices",
-            "Devices by site, model and state (used, free, unhealthy; shares count as fractions)",
-            m.devices.clone(),
-        );
+        register_decisions(&mut r, &m);
+        register_usage(&mut r, &m);
         let device_reports = meridian_adapters::device_metrics::DeviceFamilies::register(&mut r);
         Metrics {
             registry: r,
@@ -367,6 +288,95 @@ impl Metrics {
         }
         out
     }
+}
+
+/// The families of the broker's decisions and their timings.
+fn register_decisions(r: &mut Registry, m: &Metrics) {
+    r.register(
+        "meridian_placements",
+        "Offers made, by the job's policy and the site's tier",
+        m.placements.clone(),
+    );
+    r.register_with_unit(
+        "meridian_admission_wait",
+        "Time a job waited for this attempt before it was offered",
+        Unit::Seconds,
+        m.admission_wait.clone(),
+    );
+    r.register_with_unit(
+        "meridian_placement_decision",
+        "Broker time per placement: a step's time divided among the offers it made",
+        Unit::Seconds,
+        m.decision.clone(),
+    );
+    r.register(
+        "meridian_offers_failed",
+        "Offers that did not lead to a run, by reason (refused, timed_out)",
+        m.offers_failed.clone(),
+    );
+    r.register(
+        "meridian_preemptions",
+        "Running jobs stopped for another, by reason (quota_reclaim, priority)",
+        m.preemptions.clone(),
+    );
+    r.register_with_unit(
+        "meridian_journal_append",
+        "Time to store a batch of journal records in JetStream",
+        Unit::Seconds,
+        m.journal_append.clone(),
+    );
+}
+
+/// The families of what work used and where it stands.
+fn register_usage(r: &mut Registry, m: &Metrics) {
+    r.register(
+        "meridian_tenant_cost_usd",
+        "Money metered for finished attempts, by tenant",
+        m.cost.clone(),
+    );
+    r.register_with_unit(
+        "meridian_tenant_energy",
+        "Energy metered for finished attempts (PUE included), by tenant",
+        Unit::Joules,
+        m.energy.clone(),
+    );
+    r.register(
+        "meridian_tenant_co2e_grams",
+        "Carbon metered for finished attempts, grams CO2e, by tenant",
+        m.co2e.clone(),
+    );
+    r.register_with_unit(
+        "meridian_burst_device",
+        "Device time run on cloud-tier sites (bursts)",
+        Unit::Seconds,
+        m.burst.clone(),
+    );
+    r.register(
+        "meridian_replies_refused",
+        "Answers the broker did not send because the request named a reply subject that is not the caller's own inbox, by what was asked",
+        m.replies_refused.clone(),
+    );
+    r.register(
+        "meridian_jobs_finished",
+        "Jobs that reached their end, by outcome (succeeded, failed, cancelled); a service's replicas included",
+        m.finished.clone(),
+    );
+    r.register(
+        "meridian_pending_jobs",
+        "Jobs waiting, by queue and reason",
+        m.pending.clone(),
+    );
+    r.register("meridian_jobs", "Live jobs by phase", m.jobs.clone());
+    r.register(
+        "meridian_sites",
+        "Sites by state (up, draining, lost, revoked)",
+        m.sites.clone(),
+    );
+    r.register(
+        "meridian_devices",
+        "Devices by site, model and state (used, free, unhealthy; shares count as fractions)",
+        m.devices.clone(),
+    );
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ pub mod reply;
 pub mod services;
 pub mod traces;
 
+mod config;
 #[cfg(test)]
 pub mod harness;
 mod queries;
@@ -23,12 +24,14 @@ mod reactor_task;
 mod site_listener;
 mod startup;
 
+pub use config::BrokerConfig;
+use config::*;
 use queries::answer;
 pub use queries::{Answer, Query};
 use reactor_task::*;
 use site_listener::*;
+pub use startup::run;
 use startup::*;
-pub use startup::{run, BrokerConfig};
 
 use anyhow::Context;
 use bytes::Bytes;
@@ -91,7 +94,7 @@ pub struct BrokerHandle {
     pub traces: Option<std::sync::Arc<traces::Traces>>,
     /// The tables the broker was started with, as read (regions, round trips, throughput): what a what-if
     /// needs besides the sites.
-    pub tables: std::sync::Arc<startup::Tables>,
+    pub tables: std::sync::Arc<config::Tables>,
 }
 
 impl BrokerHandle {

@@ -11,7 +11,9 @@ pub mod calls;
 mod decode;
 mod jobs;
 pub mod nats;
+mod reference;
 mod report;
+pub use reference::reference_markdown;
 mod services;
 
 pub use calls::{Access, Call, CallDef, HttpIn, NatsIn, CALLS};
