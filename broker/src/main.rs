@@ -3,6 +3,11 @@
 
 use meridian_broker::cli::{self, Cmd};
 
+/// mimalloc: placement allocates many small vectors per decision, and a broker that archived a million jobs
+/// should give their pages back.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     // One TLS provider for the process (the HTTP API's server side asks for the process default).
     let _ = rustls::crypto::ring::default_provider().install_default();
