@@ -2,7 +2,6 @@
 //! over NATS, answers offers, runs accepted work through the local-process adapter and reports its status.
 //! It never decides placement.
 
-pub mod config;
-pub mod core;
+pub use meridian_agent_core::{config, core};
 pub mod outbox;
 pub mod runtime;

@@ -545,7 +545,7 @@ mod doc_tests {
                     >(&as_json(example))
                     .map(drop)
                     .map_err(|e| e.to_string()),
-                    "site" => meridian_agent::config::parse_site_file(example)
+                    "site" => meridian_agent_core::config::parse_site_file(example)
                         .map(drop)
                         .map_err(|e| e.to_string()),
                     "federation" => crate::local::FederationFile::parse(example)

@@ -2,7 +2,7 @@
 //! reservations, offers, burst) with the agents' own pure core in place of NATS. Nothing here places jobs.
 
 use super::federation::SimFederation;
-use meridian_agent::core::AgentCore;
+use meridian_agent_core::core::AgentCore;
 use meridian_core::journal::NullJournal;
 use meridian_core::placement::Baseline;
 use meridian_core::reactor::{Command, CoreConfig, Event, Reactor, Response};

@@ -7,7 +7,7 @@
 
 use crate::local::FederationFile;
 use anyhow::Context;
-use meridian_agent::config::{parse_site_file, SiteFile};
+use meridian_agent_core::config::{parse_site_file, SiteFile};
 use meridian_core::latency::RttTable;
 use meridian_core::regions::{parse_geojson, Regions};
 use meridian_core::throughput::Throughput;
@@ -198,7 +198,7 @@ impl SimFederation {
 
 /// The site file that says what a broker's view of a site says (the units of a file: USD, GiB, GB).
 fn site_file_of(s: &meridian_federation::FederationSite) -> SiteFile {
-    use meridian_agent::config::{BackendSection, DatasetEntry, PoolEntry};
+    use meridian_agent_core::config::{BackendSection, DatasetEntry, PoolEntry};
     let usd = |micro: u64| micro as f64 / 1e6;
     let i = &s.info;
     SiteFile {

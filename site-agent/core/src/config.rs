@@ -343,7 +343,7 @@ price_usd_per_hour = 0.8
     /// them) and the simulator's.
     #[test]
     fn every_shipped_site_file_parses() {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs");
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs");
         let mut seen = Vec::new();
         let mut dirs = vec![root];
         while let Some(dir) = dirs.pop() {
