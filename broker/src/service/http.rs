@@ -55,19 +55,20 @@ pub async fn serve(
 pub fn router(h: BrokerHandle) -> Router {
     let mut routes: BTreeMap<&'static str, MethodRouter<BrokerHandle>> = BTreeMap::new();
     for def in api::CALLS {
-        for (i, route) in def.http.iter().enumerate() {
+        for route in def.http {
             let filter = match route.method {
                 api::calls::Method::Get => MethodFilter::GET,
                 api::calls::Method::Post => MethodFilter::POST,
                 api::calls::Method::Put => MethodFilter::PUT,
                 api::calls::Method::Delete => MethodFilter::DELETE,
             };
+            let decode = route.decode;
             let served = move |State(h): State<BrokerHandle>,
                                headers: HeaderMap,
                                params: RawPathParams,
                                uri: Uri,
                                body: Bytes| async move {
-                serve_route(&h, def, i, &headers, params, uri, body).await
+                serve_route(&h, def, decode, &headers, params, uri, body).await
             };
             let methods = routes.remove(route.path).unwrap_or_default();
             routes.insert(route.path, methods.on(filter, served));
@@ -95,7 +96,7 @@ pub fn router(h: BrokerHandle) -> Router {
 async fn serve_route(
     h: &BrokerHandle,
     def: &'static CallDef,
-    route: usize,
+    decode: fn(HttpIn) -> api::ApiResult<api::Call>,
     headers: &HeaderMap,
     params: RawPathParams,
     uri: Uri,
@@ -109,10 +110,7 @@ async fn serve_route(
         uri,
         body,
     };
-    let call = def.http.get(route).map_or_else(
-        || Err(ApiError::internal("no such route")),
-        |r| (r.decode)(input),
-    );
+    let call = decode(input);
     let token = token_for(headers, def);
     let req = Request {
         action: def.action,

@@ -12,8 +12,8 @@ use meridian_core::reactor::StepError;
 use meridian_core::reactor::{Event, Reactor};
 use meridian_core::Millis;
 use meridian_federation::{
-    ApiReply, DemandReport, ErrorBody, ErrorCode, LocationRate, RoutesUpdate, RoutesView,
-    ServiceName, ServiceView, TenantId,
+    ApiReply, DemandReport, ErrorBody, ErrorCode, RoutesUpdate, RoutesView, ServiceName,
+    ServiceView, TenantId,
 };
 use std::collections::BTreeMap;
 use tokio::sync::oneshot;
@@ -55,17 +55,6 @@ pub struct Autoscaling {
 }
 
 impl Autoscaling {
-    /// A gateway's report: each location's latest rate.
-    pub fn report(
-        &mut self,
-        tenant: &TenantId,
-        service: &ServiceName,
-        rates: Vec<LocationRate>,
-        now: Millis,
-    ) {
-        self.scaler.report(tenant, service, rates, now);
-    }
-
     /// The events that carry out the plans of the services due (see [`Autoscaler::plan`]). Watchers of a
     /// service that was deleted hear that it is gone, once.
     pub fn events<J: Journal>(&mut self, reactor: &Reactor<J>, now: Millis) -> Vec<Event> {
