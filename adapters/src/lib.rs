@@ -5,17 +5,13 @@
 //! - [`slurm`], [`ec2`]: the batch-system and cloud-burst backends.
 //! - [`local`]: runs a job's command as a local process group under a small supervising shim, which stops
 //!   every process of the job on a cancel, and keeps it for a restarted agent to take back.
-//! - [`device_metrics`]: the Prometheus families of the devices agents report.
 //! - [`probe`]: device discovery (NVIDIA GPUs through NVML) turned into plain pool descriptions.
-//! - [`telemetry`]: OpenTelemetry spans of job attempts, exported over OTLP/HTTP when configured.
 
 pub mod backend;
-pub mod device_metrics;
 pub mod ec2;
 pub mod local;
 pub mod probe;
 pub mod slurm;
-pub mod telemetry;
 
 /// Errors of adapters.
 #[derive(Debug, thiserror::Error)]

@@ -22,7 +22,7 @@ pub const AUTHORIZATION: &str = "Authorization";
 
 impl Client {
     pub async fn connect(
-        access: &meridian_federation::access::Access,
+        access: &meridian_runtime::access::Access,
         token: Option<String>,
     ) -> anyhow::Result<Self> {
         let nats = access

@@ -1,13 +1,9 @@
-//! Meridian's broker: the service shell around the pure core (`meridian-core`)
-//! (NATS, HTTP API, local federation) behind the `meridian` command.
+//! Meridian's broker daemon: the service shell around the pure core (`meridian-core`) — NATS, the HTTP API,
+//! the journal — with the client other programs drive it by, the credentials it is secured with, and the
+//! local federation (`meridian up`). The `meridian` command itself is `meridian-tools`.
 
-pub mod bench;
-pub mod cli;
 pub mod client;
 pub mod creds;
 pub mod data;
-pub mod demo;
 pub mod local;
-pub mod progress;
 pub mod service;
-pub mod sim;

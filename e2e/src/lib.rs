@@ -485,7 +485,7 @@ impl Fed {
         &self,
         python: &Path,
         script: &str,
-        access: meridian_federation::access::Access,
+        access: meridian_runtime::access::Access,
         token: Option<String>,
     ) -> std::process::Command {
         let mut cmd = std::process::Command::new(python);

@@ -12,8 +12,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
 use meridian_broker::local::{LocalOptions, Topology};
-use meridian_broker::sim::trace::SplitMix64;
 use meridian_e2e::*;
+use meridian_tools::sim::trace::SplitMix64;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};

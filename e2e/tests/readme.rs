@@ -19,9 +19,9 @@ fn every_command_of_the_readme_and_docs_runs_from_another_folder() {
         .collect();
     docs.sort();
     files.extend(docs);
-    let commands: Vec<meridian_broker::cli::DocCommand> = files
+    let commands: Vec<meridian_tools::cli::DocCommand> = files
         .iter()
-        .flat_map(|f| meridian_broker::cli::documented_commands(f).unwrap())
+        .flat_map(|f| meridian_tools::cli::documented_commands(f).unwrap())
         .collect();
     let f = Fed::start(&configs().join("federation-demo.toml"));
     let elsewhere = tempfile::tempdir().unwrap();

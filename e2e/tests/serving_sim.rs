@@ -3,10 +3,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use clap::Parser;
-use meridian_broker::sim::serving::{self, check, engine};
-use meridian_broker::sim::SimOptions;
 use meridian_core::autoscale::Objective;
 use meridian_e2e::*;
+use meridian_tools::sim::serving::{self, check, engine};
+use meridian_tools::sim::SimOptions;
 use serde_json::Value;
 use std::process::Command;
 

@@ -336,9 +336,9 @@ fn sim_and_a_real_federation_choose_the_same_sites() {
         .map(|l| (l["job"].as_str().unwrap().to_owned(), l["site"].clone()))
         .collect();
 
-    let trace = meridian_broker::sim::trace::parse_alibaba(&text).unwrap();
-    let regions = meridian_broker::sim::azure_regions().unwrap();
-    let jobs = meridian_broker::sim::trace_jobs(&trace.tasks, 3, 0, 600, &regions);
+    let trace = meridian_tools::sim::trace::parse_alibaba(&text).unwrap();
+    let regions = meridian_tools::sim::azure_regions().unwrap();
+    let jobs = meridian_tools::sim::trace_jobs(&trace.tasks, 3, 0, 600, &regions);
     let f = Fed::start(&federation);
     for j in &jobs {
         let mut spec = serde_json::to_value(&j.spec).unwrap();

@@ -6,8 +6,6 @@
 //!
 //! Amounts that are summed (money, energy, carbon) are integers: micro-USD, watt-hours, grams CO2e.
 
-#[cfg(feature = "nats")]
-pub mod access;
 pub mod codec;
 pub mod error;
 pub mod ids;

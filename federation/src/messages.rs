@@ -143,7 +143,6 @@ pub struct SiteInfo {
 /// How a site runs the attempts its agent accepts: its backend, named by a site file's `[backend] kind` and a
 /// job's `run.adapter`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[cfg_attr(feature = "nats", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum BackendKind {
     /// Each attempt runs as a process group on the agent's host, under a shim.

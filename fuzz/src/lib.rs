@@ -74,7 +74,9 @@ fn text(data: &[u8]) -> Option<&str> {
 }
 
 pub fn site_file(data: &[u8]) {
-    if let Some(file) = text(data).and_then(|t| meridian_agent::config::parse_site_file(t).ok()) {
+    if let Some(file) =
+        text(data).and_then(|t| meridian_agent_core::config::parse_site_file(t).ok())
+    {
         // What the agent derives from an accepted file must not panic either.
         let _ = file.site_info(0);
     }

@@ -1,8 +1,10 @@
 //! `meridian-agent`: the daemon at each site.
 
 use anyhow::Context;
+use clap::builder::TypedValueParser;
 use clap::{Parser, Subcommand};
 use meridian_agent::{config, runtime};
+use meridian_federation::BackendKind;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -29,10 +31,22 @@ struct Cli {
     heartbeat_ms: Option<u64>,
     /// How accepted jobs run, overriding the site file's `[backend] kind`: `process`, or `noop` (accepted and
     /// reported running, nothing started).
-    #[arg(long, value_enum, env = "MERIDIAN_EXECUTOR")]
-    executor: Option<meridian_federation::BackendKind>,
+    #[arg(long, env = "MERIDIAN_EXECUTOR", value_parser = backend_kind())]
+    executor: Option<BackendKind>,
     #[command(subcommand)]
     command: Option<Cmd>,
+}
+
+/// `--executor`'s values: the wire names of the backends.
+fn backend_kind() -> impl TypedValueParser<Value = BackendKind> {
+    clap::builder::PossibleValuesParser::new(BackendKind::ALL.map(BackendKind::as_str)).map(
+        |name| {
+            BackendKind::ALL
+                .into_iter()
+                .find(|k| k.as_str() == name)
+                .unwrap_or_default()
+        },
+    )
 }
 
 #[derive(Subcommand, Debug)]
@@ -109,7 +123,7 @@ fn main() -> anyhow::Result<()> {
             if let Some(ms) = cli.heartbeat_ms {
                 site.agent.heartbeat_ms = ms;
             }
-            let access = meridian_federation::access::Access {
+            let access = meridian_runtime::access::Access {
                 nats: cli.nats.unwrap_or_else(|| site.agent.nats_url.clone()),
                 ca: cli.ca.or_else(|| site.agent.ca.clone()),
                 creds: cli.creds.or_else(|| site.agent.creds.clone()),

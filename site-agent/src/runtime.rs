@@ -27,7 +27,7 @@ use tokio::sync::Notify;
 pub struct AgentOptions {
     pub site: SiteFile,
     /// NATS servers, their CA and this site's identity.
-    pub access: meridian_federation::access::Access,
+    pub access: meridian_runtime::access::Access,
     pub work_dir: PathBuf,
 }
 
@@ -99,7 +99,7 @@ struct Agent {
     /// costs one advert, not one each.
     advert_due: bool,
     /// Spans of the attempts run here, when an OTLP endpoint is configured.
-    telemetry: Option<meridian_adapters::telemetry::Telemetry>,
+    telemetry: Option<meridian_runtime::telemetry::Telemetry>,
     /// The latest device report, for the agent's own `/metrics` (when it serves one).
     report: Arc<Mutex<Option<meridian_federation::SiteMetrics>>>,
     /// Within a burst of offers: status updates are written, and forced to disk once before the replies go.
@@ -250,7 +250,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
             .map(|p| opts.work_dir.join(p)),
         carbon_file_error: None,
         advert_due: false,
-        telemetry: meridian_adapters::telemetry::Telemetry::from_env("meridian-agent")
+        telemetry: meridian_runtime::telemetry::Telemetry::from_env("meridian-agent")
             .map_err(anyhow::Error::msg)?,
         report: Arc::new(Mutex::new(None)),
         defer_sync: false,
@@ -371,7 +371,7 @@ async fn serve_metrics(
         axum::routing::get(move || {
             let text = report
                 .lock()
-                .map(|r| meridian_adapters::device_metrics::render(r.as_ref()))
+                .map(|r| meridian_runtime::device_metrics::render(r.as_ref()))
                 .unwrap_or_default();
             async move {
                 (
@@ -399,8 +399,8 @@ fn run_span(
     attempt: u32,
     p: &Proc,
     state: &AttemptState,
-) -> meridian_adapters::telemetry::SpanRecord {
-    use meridian_adapters::telemetry::Value;
+) -> meridian_runtime::telemetry::SpanRecord {
+    use meridian_runtime::telemetry::Value;
     let (outcome, code, error) = match state {
         AttemptState::Succeeded { exit_code } => ("succeeded", Some(*exit_code), None),
         AttemptState::Failed { exit_code, reason } => ("failed", *exit_code, Some(reason.clone())),
@@ -415,7 +415,7 @@ fn run_span(
     if let Some(c) = code {
         attributes.push(("process.exit.code", Value::Int(i64::from(c))));
     }
-    meridian_adapters::telemetry::SpanRecord {
+    meridian_runtime::telemetry::SpanRecord {
         job: job.clone(),
         attempt,
         kind: meridian_federation::trace::SpanKind::Run,

@@ -411,12 +411,12 @@ mod tests {
         let mode = std::fs::metadata(&seed)
             .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o777);
         assert_eq!(mode.ok(), Some(0o600));
-        let access = meridian_federation::access::Access {
+        let access = meridian_runtime::access::Access {
             nats: String::new(),
             ca: None,
             creds: Some(seed.clone()),
         };
-        assert!(meridian_federation::access::read_seed(&seed).is_ok());
+        assert!(meridian_runtime::access::read_seed(&seed).is_ok());
         assert_eq!(access.identity().as_deref(), Some("edge-a"));
         let conf = std::fs::read_to_string(reg.authorization()).unwrap_or_default();
         let nkey = reg

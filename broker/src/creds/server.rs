@@ -16,8 +16,8 @@
 //!   there at all.
 
 use super::{Identity, Kind};
-use meridian_federation::access::inbox_prefix;
 use meridian_federation::subjects::{self, SiteTopic};
+use meridian_runtime::access::inbox_prefix;
 use std::path::Path;
 
 /// Publish and subscribe permissions of one identity.

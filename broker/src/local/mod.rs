@@ -346,8 +346,8 @@ impl LocalFederation {
     }
 
     /// How `identity` reaches this federation's NATS (the cluster's nodes).
-    pub fn access_as(&self, identity: &str) -> meridian_federation::access::Access {
-        let mut a = meridian_federation::access::Access::plain(self.nats.urls());
+    pub fn access_as(&self, identity: &str) -> meridian_runtime::access::Access {
+        let mut a = meridian_runtime::access::Access::plain(self.nats.urls());
         if let Some(s) = &self.security {
             a.ca = Some(s.creds.join("ca.crt"));
             a.creds = Some(s.creds.join("users").join(format!("{identity}.nk")));
@@ -356,7 +356,7 @@ impl LocalFederation {
     }
 
     /// How the operator's commands reach this federation.
-    pub fn access(&self) -> meridian_federation::access::Access {
+    pub fn access(&self) -> meridian_runtime::access::Access {
         self.access_as(OPERATOR)
     }
 
@@ -605,7 +605,7 @@ fn usable_state_dir(d: &Path, file: &Path) -> anyhow::Result<bool> {
     Ok(true)
 }
 
-pub fn secured_nats(dir: &Path) -> anyhow::Result<(Nats, meridian_federation::access::Access)> {
+pub fn secured_nats(dir: &Path) -> anyhow::Result<(Nats, meridian_runtime::access::Access)> {
     let mut reg =
         crate::creds::Registry::init(&dir.join("creds"), "test", &["127.0.0.1".to_owned()])?;
     reg.add(crate::creds::Kind::Broker, "broker-1")?;
@@ -617,7 +617,7 @@ pub fn secured_nats(dir: &Path) -> anyhow::Result<(Nats, meridian_federation::ac
             creds: reg.dir().to_path_buf(),
         }),
     )?;
-    let access = meridian_federation::access::Access {
+    let access = meridian_runtime::access::Access {
         nats: nats.urls(),
         ca: Some(reg.ca()),
         creds: Some(creds),

@@ -224,7 +224,7 @@ fn config(
             // Secured, the leaf lets in only its site's agent, and joins the cluster as that site.
             let remote = match &reg {
                 Some(r) => {
-                    let seed = meridian_federation::access::read_seed(&r.creds(site))?;
+                    let seed = meridian_runtime::access::read_seed(&r.creds(site))?;
                     let me: Vec<_> = r
                         .identities()
                         .iter()

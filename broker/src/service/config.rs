@@ -9,7 +9,7 @@ use super::*;
 pub struct BrokerConfig {
     /// NATS servers, their CA and this broker's identity.
     #[command(flatten)]
-    pub access: meridian_federation::access::Access,
+    pub access: meridian_runtime::access::Access,
     /// This broker's storage identity: the NKey seed its JetStream connection (journal, lease, snapshots,
     /// archive, ledger, audit) uses, a connection that never answers a request. Default: `<name>-store.nk`
     /// beside `--creds` (`meridian creds add broker NAME` makes both).
@@ -87,7 +87,7 @@ pub struct BrokerConfig {
 
 impl BrokerConfig {
     /// How the storage connection reaches NATS: the same servers and CA, under the storage identity.
-    pub fn store_access(&self) -> meridian_federation::access::Access {
+    pub fn store_access(&self) -> meridian_runtime::access::Access {
         let mut a = self.access.clone();
         a.creds = self.store_creds.clone().or_else(|| {
             let creds = self.access.creds.as_ref()?;

@@ -89,7 +89,7 @@ pub struct Metrics {
     sites: Family<StateLabel, Gauge>,
     devices: Family<SiteModelState, FloatGauge>,
     /// What agents report of their devices.
-    device_reports: meridian_adapters::device_metrics::DeviceFamilies,
+    device_reports: meridian_runtime::device_metrics::DeviceFamilies,
     /// Each site's latest report and when it arrived.
     agents: Mutex<BTreeMap<SiteId, (u64, SiteMetrics)>>,
     /// One scrape at a time: gauges are cleared and set again for each.
@@ -129,7 +129,7 @@ impl Metrics {
         };
         register_decisions(&mut r, &m);
         register_usage(&mut r, &m);
-        let device_reports = meridian_adapters::device_metrics::DeviceFamilies::register(&mut r);
+        let device_reports = meridian_runtime::device_metrics::DeviceFamilies::register(&mut r);
         Metrics {
             registry: r,
             device_reports,

@@ -14,7 +14,7 @@
 
 use super::BrokerHandle;
 use bytes::Bytes;
-use meridian_federation::access::owns_inbox;
+use meridian_runtime::access::owns_inbox;
 
 /// A subject the broker may answer on: an inbox of the identity that asked.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -253,7 +253,7 @@ async fn open_handle(
         rate(cfg.tenant_rate, cfg.tenant_burst),
         rate(cfg.site_rate, cfg.site_burst),
     );
-    let traces = meridian_adapters::telemetry::Telemetry::from_env("meridian-broker")
+    let traces = meridian_runtime::telemetry::Telemetry::from_env("meridian-broker")
         .map_err(anyhow::Error::msg)?
         .map(|t| {
             tracing::info!("exporting traces over OTLP/HTTP");

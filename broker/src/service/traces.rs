@@ -4,10 +4,10 @@
 //! decision's site, policy, tier and terms), `offer` (to its answer), and the root `attempt` (to the attempt's
 //! end, with its metered amounts, and preemptions as events). The agent adds `run` under `offer`.
 
-use meridian_adapters::telemetry::{Attributes, SpanEvent, SpanRecord, Telemetry, Value};
 use meridian_core::observe::{Answer, Observation};
 use meridian_federation::trace::SpanKind;
 use meridian_federation::{JobId, SiteId, Tier};
+use meridian_runtime::telemetry::{Attributes, SpanEvent, SpanRecord, Telemetry, Value};
 use std::collections::HashMap;
 
 /// What is kept of an attempt between its offer and its end (soft: a broker that restarts in between makes the

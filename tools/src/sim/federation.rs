@@ -5,9 +5,9 @@
 //! the next 24 hours, the values of the same hours of the day before (`h − 24 …`): placement never sees a
 //! future value of the real series. Metering (the checker) uses the real series.
 
-use crate::local::FederationFile;
 use anyhow::Context;
 use meridian_agent_core::config::{parse_site_file, SiteFile};
+use meridian_broker::local::FederationFile;
 use meridian_core::latency::RttTable;
 use meridian_core::regions::{parse_geojson, Regions};
 use meridian_core::throughput::Throughput;
@@ -90,7 +90,7 @@ impl SimFederation {
             );
         }
         let rtt = match &fed.broker.rtt_table {
-            Some(rel) => match crate::data::data_file(rel)? {
+            Some(rel) => match meridian_broker::data::data_file(rel)? {
                 Some(p) => RttTable::from_azure_csv(&std::fs::read_to_string(&p)?)
                     .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?,
                 None => RttTable::default(),
@@ -116,7 +116,7 @@ impl SimFederation {
             let file =
                 parse_site_file(&text).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
             let series = match &file.carbon_series {
-                Some(rel) => match crate::data::data_file(Path::new(rel))? {
+                Some(rel) => match meridian_broker::data::data_file(Path::new(rel))? {
                     Some(sp) => Some(
                         parse_carbon_series(&std::fs::read_to_string(&sp)?)
                             .map_err(|e| anyhow::anyhow!("{}: {e}", sp.display()))?,

@@ -1,8 +1,8 @@
-//! `cargo bench -p meridian-broker`: one placement decision (with its explanation) over synthetic federations
+//! `cargo bench -p meridian-tools`: one placement decision (with its explanation) over synthetic federations
 //! of 100, 1,000 and 10,000 sites, through the site index and by a full scan of every site.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use meridian_broker::bench::Bench;
+use meridian_tools::bench::Bench;
 use std::sync::OnceLock;
 
 fn main() {

@@ -15,10 +15,10 @@
 //! same jobs through a federation started `--insecure`, and the ratio of the two.
 #![allow(clippy::disallowed_methods)] // a benchmark: reads the clock
 
-use crate::local::{LocalFederation, LocalOptions};
 use anyhow::Context;
 use bytes::Bytes;
 use futures::StreamExt;
+use meridian_broker::local::{LocalFederation, LocalOptions};
 use meridian_federation::subjects::{self, api, SiteTopic};
 use meridian_federation::{
     decode, encode, AcceleratorKind, AttemptState, JobId, JobKind, JobSpec, JobStatus, Resources,
@@ -129,7 +129,7 @@ async fn start(
         ..LocalOptions::default()
     };
     let fed = tokio::task::block_in_place(|| LocalFederation::start(&file, opts))?;
-    let client = crate::client::Client::of(&fed).await?;
+    let client = meridian_broker::client::Client::of(&fed).await?;
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let up = client
@@ -180,7 +180,7 @@ async fn run_jobs(
         .access_as("broker-1")
         .connect("meridian bench", Duration::from_secs(10))
         .await?;
-    let client = crate::client::Client::of(fed).await?;
+    let client = meridian_broker::client::Client::of(fed).await?;
     let mut statuses = nats
         .subscribe(subjects::all_sites(SiteTopic::Status))
         .await?;
@@ -292,15 +292,15 @@ async fn run_jobs(
 /// own inbox and answers into the site's. Its subject is outside the inbox subjects the broker's own
 /// connection uses for its requests.
 async fn raw_nats(
-    responder: &meridian_federation::access::Access,
-    requester: &meridian_federation::access::Access,
+    responder: &meridian_runtime::access::Access,
+    requester: &meridian_runtime::access::Access,
     n: usize,
     in_flight: usize,
     size: usize,
 ) -> anyhow::Result<f64> {
     let subject = format!(
         "{}.bench-echo",
-        meridian_federation::access::inbox_prefix(&responder.caller())
+        meridian_runtime::access::inbox_prefix(&responder.caller())
     );
     let echo_client = responder
         .connect("bench echo", Duration::from_secs(10))
@@ -382,7 +382,7 @@ pub(super) fn last_recovery(log: &str) -> Option<(u64, u64)> {
 }
 
 /// Batches in the journal stream (each a group of steps stored with one append).
-async fn journal_messages(access: &meridian_federation::access::Access) -> anyhow::Result<u64> {
+async fn journal_messages(access: &meridian_runtime::access::Access) -> anyhow::Result<u64> {
     let client = access.connect("bench", Duration::from_secs(10)).await?;
     let js = async_nats::jetstream::new(client);
     let mut stream = js.get_stream(subjects::JOURNAL_STREAM).await?;
@@ -417,7 +417,7 @@ pub async fn dispatch(opts: DispatchOptions) -> anyhow::Result<DispatchFigures> 
         .await
         .context("starting the federation")?;
     // The broker's storage identity: only it reaches JetStream.
-    let store = fed.access_as(&crate::creds::store_name("broker-1"));
+    let store = fed.access_as(&meridian_broker::creds::store_name("broker-1"));
     let before = journal_messages(&store).await?;
     let run = run_jobs(&fed, opts.jobs, opts.in_flight, "true", false).await?;
     let journal_appends = journal_messages(&store).await?.saturating_sub(before);

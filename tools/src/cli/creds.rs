@@ -2,8 +2,8 @@
 //! nats-server configuration that enforces them.
 
 use super::outln;
-use crate::creds::{Kind, Registry};
 use clap::Subcommand;
+use meridian_broker::creds::{Kind, Registry};
 use std::path::PathBuf;
 
 #[derive(Subcommand, Debug)]

@@ -1,7 +1,7 @@
 //! `meridian`: the broker, the client commands, the local federation, the simulator and the benchmarks (see
-//! `meridian_broker::cli`).
+//! `meridian_tools::cli`).
 
-use meridian_broker::cli::{self, Cmd};
+use meridian_tools::cli::{self, Cmd};
 
 /// mimalloc: placement allocates many small vectors per decision, and a broker that archived a million jobs
 /// should give their pages back.

@@ -11,9 +11,9 @@
 //! from its log.
 #![allow(clippy::disallowed_methods)] // a benchmark: reads the clock
 
-use crate::local::{LocalFederation, LocalOptions};
 use bytes::Bytes;
 use futures::StreamExt;
+use meridian_broker::local::{LocalFederation, LocalOptions};
 use meridian_federation::subjects::{self, api, SiteTopic};
 use meridian_federation::{
     decode, encode, AcceleratorKind, AttemptState, JobId, JobKind, JobRef, JobSpec, JobStatus,
@@ -145,7 +145,7 @@ fn cpu_s(pid: u32) -> f64 {
 
 /// Sends `n` requests (`body(i)` on `subject`) with `in_flight` outstanding; returns the replies' job ids.
 async fn requests(
-    client: &crate::client::Client,
+    client: &meridian_broker::client::Client,
     subject: &'static str,
     bodies: Vec<Bytes>,
     in_flight: usize,
@@ -253,7 +253,7 @@ pub async fn queue(opts: QueueOptions) -> anyhow::Result<QueueFigures> {
             .await?,
     );
     nats.flush().await?;
-    let client = crate::client::Client::of(&fed).await?;
+    let client = meridian_broker::client::Client::of(&fed).await?;
     let deadline = Instant::now() + Duration::from_secs(60);
     while client
         .sites()

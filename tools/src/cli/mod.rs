@@ -6,9 +6,10 @@ pub mod client;
 pub mod creds;
 pub mod render;
 
-use crate::local::{LocalFederation, LocalOptions};
-use crate::{bench, demo, service, sim};
+use crate::{bench, demo, sim};
 use clap::{Parser, Subcommand, ValueEnum};
+use meridian_broker::local::{LocalFederation, LocalOptions};
+use meridian_broker::service;
 use std::path::PathBuf;
 
 /// `println!` for the command's output: a reader that has gone away (`meridian jobs | head`) ends the command
@@ -173,7 +174,7 @@ pub fn reference_markdown() -> String {
     let mut out = String::from(
         "# Command-line reference\n\n\
          Made from the same definitions as `meridian --help` (`cli::doc_tests` keeps this file equal to them; \
-         `MERIDIAN_WRITE_DOCS=1 cargo test -p meridian-broker --lib cli_reference` writes it again).\n\n\
+         `MERIDIAN_WRITE_DOCS=1 cargo test -p meridian-tools --lib cli_reference` writes it again).\n\n\
          ## Options of every command\n\n",
     );
     for a in root.get_arguments().filter(|a| a.is_global_set()) {
@@ -321,7 +322,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<bool> {
 async fn up(federation: &std::path::Path, opts: LocalOptions) -> anyhow::Result<bool> {
     let fed = tokio::task::block_in_place(|| LocalFederation::start(federation, opts))?;
     // What is printed next is what a second shell needs: the sites are there when it looks.
-    crate::client::Client::of(&fed)
+    meridian_broker::client::Client::of(&fed)
         .await?
         .wait_for_sites(&fed, std::time::Duration::from_secs(60))
         .await?;
@@ -548,7 +549,7 @@ mod doc_tests {
                     "site" => meridian_agent_core::config::parse_site_file(example)
                         .map(drop)
                         .map_err(|e| e.to_string()),
-                    "federation" => crate::local::FederationFile::parse(example)
+                    "federation" => meridian_broker::local::FederationFile::parse(example)
                         .map(drop)
                         .map_err(|e| e.to_string()),
                     "tenancy" => meridian_core::quota::Tenancy::from_toml(example)
@@ -583,7 +584,7 @@ mod doc_tests {
         assert!(
             text == made,
             "docs/cli.md differs from the CLI's definitions: run MERIDIAN_WRITE_DOCS=1 cargo test -p \
-             meridian-broker --lib cli_reference"
+             meridian-tools --lib cli_reference"
         );
         for (_, names) in super::GROUPS {
             for n in *names {

@@ -328,7 +328,7 @@ mod tests {
     const START: Millis = super::super::federation::SERIES_EPOCH_MS;
 
     fn federation() -> SimFederation {
-        let path = crate::local::workspace_root().join("configs/sim/federation.toml");
+        let path = meridian_broker::local::workspace_root().join("configs/sim/federation.toml");
         SimFederation::load(&path).unwrap()
     }
 

@@ -2,9 +2,9 @@
 
 use super::render::{self, print};
 use super::{out, outln, Output};
-use crate::client::{read_job_file, Client};
 use anyhow::Context;
 use clap::{Args, Subcommand};
+use meridian_broker::client::{read_job_file, Client};
 use meridian_federation::{JobId, JobPhase, JobScope, SiteId, TenantId};
 use std::path::PathBuf;
 
@@ -12,7 +12,7 @@ use std::path::PathBuf;
 #[derive(Args, Clone, Debug)]
 pub struct ConnectArgs {
     #[command(flatten)]
-    pub access: meridian_federation::access::Access,
+    pub access: meridian_runtime::access::Access,
     /// The API token.
     ///
     /// Made by `meridian token create`; `meridian up` prints an administrator's.
@@ -456,7 +456,7 @@ pub async fn run(cmd: ClientCmd, connect: &ConnectArgs, out: Output) -> anyhow::
             let (body, what) = match &args.file {
                 Some(file) => (read_job_file(file)?, file.display().to_string()),
                 None => (
-                    one_line_spec(&args, crate::service::now_ms())?,
+                    one_line_spec(&args, meridian_broker::service::now_ms())?,
                     "the job".to_owned(),
                 ),
             };
@@ -464,7 +464,7 @@ pub async fn run(cmd: ClientCmd, connect: &ConnectArgs, out: Output) -> anyhow::
                 .submit_raw(body)
                 .await
                 .map_err(|e| match &args.file {
-                    Some(file) => crate::client::in_file_terms(e, file),
+                    Some(file) => meridian_broker::client::in_file_terms(e, file),
                     None => e,
                 })
                 .with_context(|| format!("submitting {what}"))?;
@@ -523,7 +523,7 @@ pub async fn run(cmd: ClientCmd, connect: &ConnectArgs, out: Output) -> anyhow::
                         outln!(
                             "{} jobs at {} (every 2 s; Ctrl-C stops)",
                             jobs.len(),
-                            render::iso(crate::service::now_ms())
+                            render::iso(meridian_broker::service::now_ms())
                         );
                         render::jobs(&jobs, &columns);
                     }
@@ -650,8 +650,8 @@ pub async fn run(cmd: ClientCmd, connect: &ConnectArgs, out: Output) -> anyhow::
             print(out, &r, render::report_table)
         }
         ClientCmd::Plan(opts) => {
-            let from =
-                crate::service::now_ms().saturating_sub(opts.days.saturating_mul(24 * 3_600_000));
+            let from = meridian_broker::service::now_ms()
+                .saturating_sub(opts.days.saturating_mul(24 * 3_600_000));
             let history = client.history(Some(from)).await?;
             let report = tokio::task::block_in_place(|| crate::sim::plan::plan(&opts, &history))?;
             print(out, &report, |r| out!("{}", crate::sim::plan::table(r)))
@@ -808,7 +808,7 @@ async fn service_cmd(client: &Client, cmd: ServiceCmd, out: Output) -> anyhow::R
             let v = client
                 .deploy_service(body)
                 .await
-                .map_err(|e| crate::client::in_file_terms(e, &file))
+                .map_err(|e| meridian_broker::client::in_file_terms(e, &file))
                 .with_context(|| format!("deploying {}", file.display()))?;
             print(out, &v, render::service)
         }
@@ -888,7 +888,7 @@ async fn service_cmd(client: &Client, cmd: ServiceCmd, out: Output) -> anyhow::R
 /// `--since`: an instant, UTC (`2026-12-04`, `2026-12-04T20:00Z`, `2026-12-04T20:00:00Z`), or a span before
 /// now (`90s`, `30m`, `1h`, `2d`); ms since the epoch.
 fn parse_since(s: &str) -> Result<u64, String> {
-    since_at(s, crate::service::now_ms())
+    since_at(s, meridian_broker::service::now_ms())
 }
 
 /// A span as `90s`, `30m`, `1h` or `2d`, in milliseconds.

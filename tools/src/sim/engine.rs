@@ -450,7 +450,7 @@ mod tests {
     /// reported as unplaceable with the nearest miss.
     #[test]
     fn a_job_no_site_can_run_ends_the_run_as_unplaceable() {
-        let path = crate::local::workspace_root().join("configs/sim/federation.toml");
+        let path = meridian_broker::local::workspace_root().join("configs/sim/federation.toml");
         let fed = SimFederation::load(&path).unwrap();
         let job = |key: &str, model: &str| {
             let mut r = Resources::whole(AcceleratorKind::Gpu, 1);
@@ -490,7 +490,7 @@ mod tests {
     /// running work at every try (which then never finished).
     #[test]
     fn a_job_no_site_can_run_under_a_quota_preempts_nothing_and_the_run_ends() {
-        let path = crate::local::workspace_root().join("configs/sim/federation.toml");
+        let path = meridian_broker::local::workspace_root().join("configs/sim/federation.toml");
         let fed = SimFederation::load(&path).unwrap();
         let job = |key: &str, count: u32, model: &str, priority: &str, at_s: u64| {
             let mut r = Resources::whole(AcceleratorKind::Gpu, count);

@@ -2,10 +2,10 @@
 //! `configs/`), a readable table of where each job ran and why, then shutdown.
 #![allow(clippy::disallowed_methods)] // a shell: reads the clock
 
-use crate::client::Client;
-use crate::data;
-use crate::local::{LocalFederation, LocalOptions};
 use anyhow::Context;
+use meridian_broker::client::Client;
+use meridian_broker::data;
+use meridian_broker::local::{LocalFederation, LocalOptions};
 use meridian_federation::{
     AcceleratorKind, GeoPoint, JobId, JobKind, JobPhase, JobSpec, JobView, Policy, QueueName,
     Resources, SiteId, TenantId, UserLocation,
@@ -254,7 +254,7 @@ fn scene_jobs(now_ms: u64) -> anyhow::Result<Vec<(&'static str, JobSpec)>> {
 pub async fn run(opts: DemoOptions) -> anyhow::Result<bool> {
     let started = Instant::now();
     let fallback: WorkloadFile = toml::from_str(
-        &std::fs::read_to_string(crate::local::resolve(&opts.workload))
+        &std::fs::read_to_string(meridian_broker::local::resolve(&opts.workload))
             .with_context(|| format!("reading {}", opts.workload.display()))?,
     )
     .map_err(|e| anyhow::anyhow!("{}: {e}", opts.workload.display()))?;
@@ -329,7 +329,7 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<bool> {
         s.policy = Some(Policy::Latency);
         ids.push((client.submit(&s).await?.job, "service"));
     }
-    for (role, s) in scene_jobs(crate::service::now_ms())? {
+    for (role, s) in scene_jobs(meridian_broker::service::now_ms())? {
         ids.push((client.submit(&s).await?.job, role));
     }
     let policies = [Policy::Balanced, Policy::Green, Policy::Cost];

@@ -74,10 +74,10 @@ impl Access {
     }
 
     /// The name this process calls the API under, and whose inbox its replies arrive in: its identity, or
-    /// [`crate::subjects::api::ANONYMOUS`] without a credential (an insecure federation).
+    /// [`meridian_federation::subjects::api::ANONYMOUS`] without a credential (an insecure federation).
     pub fn caller(&self) -> String {
         self.identity()
-            .unwrap_or_else(|| crate::subjects::api::ANONYMOUS.to_owned())
+            .unwrap_or_else(|| meridian_federation::subjects::api::ANONYMOUS.to_owned())
     }
 
     /// The server URLs with any user or password taken out, for logs and errors.
@@ -127,10 +127,13 @@ impl Access {
         timeout: Duration,
     ) -> Result<async_nats::Client, AccessError> {
         let url = self.display_url();
-        tokio::time::timeout(timeout, opts.connect(crate::nats_servers(&self.nats)))
-            .await
-            .map_err(|_| AccessError::Timeout(url.clone()))?
-            .map_err(|source| AccessError::Connect { url, source })
+        tokio::time::timeout(
+            timeout,
+            opts.connect(meridian_federation::nats_servers(&self.nats)),
+        )
+        .await
+        .map_err(|_| AccessError::Timeout(url.clone()))?
+        .map_err(|source| AccessError::Connect { url, source })
     }
 }
 
@@ -177,7 +180,7 @@ pub fn read_seed(path: &Path) -> Result<String, AccessError> {
 
 /// A comma-separated URL list with any `user:password@` replaced by `***@`.
 pub fn redact_url(list: &str) -> String {
-    crate::nats_servers(list)
+    meridian_federation::nats_servers(list)
         .iter()
         .map(|u| match (u.find("://"), u.rfind('@')) {
             (Some(s), Some(at)) if at > s => format!("{}***{}", &u[..s + 3], &u[at..]),

@@ -299,7 +299,7 @@ pub const REGION_MAP_KM: f64 = 300.0;
 /// Azure regions and their coordinates (`cloud-region-coords`), to map user cities onto the measured
 /// round-trip table; empty where the data is absent (outside CI).
 pub fn azure_regions() -> anyhow::Result<Vec<(String, GeoPoint)>> {
-    let Some(path) = crate::data::data_file(std::path::Path::new(
+    let Some(path) = meridian_broker::data::data_file(std::path::Path::new(
         "cloud-region-coords/cloud_region_coords.csv",
     ))?
     else {
@@ -612,7 +612,7 @@ pub fn simulate(opts: &SimOptions) -> anyhow::Result<Simulated> {
         .trace
         .as_ref()
         .ok_or_else(|| anyhow::anyhow!("--trace FILE is required (or --service with --demand)"))?;
-    let text = std::fs::read_to_string(crate::local::resolve(trace_path))
+    let text = std::fs::read_to_string(meridian_broker::local::resolve(trace_path))
         .with_context(|| format!("reading {}", trace_path.display()))?;
     let mut tr = trace::parse_alibaba(&text)
         .map_err(|e| anyhow::anyhow!("{}: {e}", trace_path.display()))?;
@@ -642,7 +642,7 @@ pub fn simulate(opts: &SimOptions) -> anyhow::Result<Simulated> {
     ));
     let tenancy = match &opts.tenancy {
         Some(path) => {
-            let text = std::fs::read_to_string(crate::local::resolve(path))
+            let text = std::fs::read_to_string(meridian_broker::local::resolve(path))
                 .with_context(|| format!("reading {}", path.display()))?;
             let t = meridian_core::quota::Tenancy::from_toml(&text)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;

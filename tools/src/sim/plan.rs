@@ -513,7 +513,7 @@ mod tests {
 
     #[test]
     fn changes_add_remove_and_drain_what_they_say_and_refuse_the_impossible() {
-        let path = crate::local::workspace_root().join("configs/sim/federation.toml");
+        let path = meridian_broker::local::workspace_root().join("configs/sim/federation.toml");
         let fed = SimFederation::load(&path).unwrap_or_else(|e| panic!("{e:#}"));
         let d = |s: &str| parse_devices(s).unwrap_or_else(|e| panic!("{e}"));
         let site = |s: &str| SiteId::new(s).unwrap_or_else(|_| unreachable!("test id"));
@@ -575,10 +575,10 @@ mod tests {
     /// what-if on the federation file it was started from.
     #[test]
     fn a_what_if_on_the_broker_s_federation_is_the_one_on_its_file() {
-        let path = crate::local::workspace_root().join("configs/federation-demo.toml");
+        let path = meridian_broker::local::workspace_root().join("configs/federation-demo.toml");
         let fed = SimFederation::load(&path).unwrap_or_else(|e| panic!("{e:#}"));
         let (file, base) =
-            crate::local::FederationFile::load(&path).unwrap_or_else(|e| panic!("{e:#}"));
+            meridian_broker::local::FederationFile::load(&path).unwrap_or_else(|e| panic!("{e:#}"));
         let read =
             |p: std::path::PathBuf| std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{e}"));
         let view = meridian_federation::FederationView {
@@ -602,7 +602,9 @@ mod tests {
                 .broker
                 .rtt_table
                 .as_deref()
-                .and_then(|rel| crate::data::data_file(rel).unwrap_or_else(|e| panic!("{e:#}")))
+                .and_then(|rel| {
+                    meridian_broker::data::data_file(rel).unwrap_or_else(|e| panic!("{e:#}"))
+                })
                 .map(|p| {
                     let table = meridian_core::latency::RttTable::from_azure_csv(&read(p))
                         .unwrap_or_else(|e| panic!("{e}"));

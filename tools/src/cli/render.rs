@@ -349,7 +349,7 @@ pub fn gpus(rows: &[GpuRow]) {
 
 /// `meridian queue`: the counts per queue, then each queue's waiting jobs in the order they are tried.
 pub fn queues(q: &meridian_federation::QueuesView) {
-    for line in queue_lines(q, crate::service::now_ms()) {
+    for line in queue_lines(q, meridian_broker::service::now_ms()) {
         outln!("{line}");
     }
 }

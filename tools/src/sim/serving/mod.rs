@@ -60,7 +60,7 @@ pub struct ServingReport {
 
 /// Reads a service file (TOML or JSON by extension), checked as the API checks it.
 pub fn read_service(path: &Path) -> anyhow::Result<ServiceSpec> {
-    let bytes = crate::client::read_job_file(path)?;
+    let bytes = meridian_broker::client::read_job_file(path)?;
     decode_strict::<ServiceSpec>(&bytes).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
 
@@ -72,17 +72,17 @@ fn data_or(
 ) -> anyhow::Result<std::path::PathBuf> {
     match given {
         Some(p) => Ok(p.clone()),
-        None => crate::data::data_file(Path::new(rel))?.ok_or_else(|| {
+        None => meridian_broker::data::data_file(Path::new(rel))?.ok_or_else(|| {
             anyhow::anyhow!(
                 "{rel} is not in the data folder {} (set MERIDIAN_DATA to another): name the file with {flag}",
-                crate::data::data_dir().display()
+                meridian_broker::data::data_dir().display()
             )
         }),
     }
 }
 
 fn read(path: &Path) -> anyhow::Result<String> {
-    std::fs::read_to_string(crate::local::resolve(path))
+    std::fs::read_to_string(meridian_broker::local::resolve(path))
         .with_context(|| format!("reading {}", path.display()))
 }
 
