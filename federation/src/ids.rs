@@ -1,8 +1,9 @@
 //! Identifier newtypes. Every id is also a single NATS subject token, so it is checked on construction:
-//! 1 to 64 characters from `A-Z a-z 0-9 _ -`.
+//! 1 to 64 characters from `A-Z a-z 0-9 _ -`. The text is shared (`Arc<str>`), so a copy is a reference count.
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
+use std::sync::Arc;
 
 /// Longest id accepted, in bytes.
 pub const MAX_ID_LEN: usize = 64;
@@ -49,16 +50,15 @@ macro_rules! id_type {
     };
     (@common $(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
-        #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-        #[serde(try_from = "String", into = "String")]
-        pub struct $name(String);
+        #[derive(Clone, Debug, PartialEq, Eq, Hash)]
+        pub struct $name(Arc<str>);
 
         impl $name {
             /// Builds the id, or says why `s` is not a valid one.
             pub fn new(s: impl Into<String>) -> Result<Self, IdError> {
                 let s = s.into();
                 match check_id(&s) {
-                    Ok(()) => Ok(Self(s)),
+                    Ok(()) => Ok(Self(Arc::from(s))),
                     Err(problem) => Err(IdError { id: s, problem }),
                 }
             }
@@ -77,7 +77,26 @@ macro_rules! id_type {
 
         impl From<$name> for String {
             fn from(id: $name) -> String {
-                id.0
+                id.0.to_string()
+            }
+        }
+
+        impl Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(&self.0)
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let text = crate::names::shared_text(d)?;
+                match check_id(&text) {
+                    Ok(()) => Ok(Self(text)),
+                    Err(problem) => Err(serde::de::Error::custom(IdError {
+                        id: text.to_string(),
+                        problem,
+                    })),
+                }
             }
         }
 
@@ -128,7 +147,7 @@ id_type!(
 impl JobId {
     /// The id of the `n`-th job a broker creates: `j-` and at least six digits, always a valid id.
     pub fn numbered(n: u64) -> Self {
-        JobId(format!("j-{n:06}"))
+        JobId(Arc::from(format!("j-{n:06}")))
     }
 }
 

@@ -3,22 +3,38 @@
 //! Unlike ids ([`crate::ids`]), a name is not checked on construction: the message that carries it is checked
 //! field by field ([`crate::validate`]), so the error names the field (`pools[2].name`, `resources.models[0]`).
 //! A name serialises as its bare text, so the wire and the journal are unchanged by the types; what they add
-//! is that a pool name cannot be passed where a model or a queue is meant.
+//! is that a pool name cannot be passed where a model or a queue is meant. The text is shared (`Arc<str>`):
+//! placement copies names into every candidate it explains, and a copy is a reference count.
 
 use serde::{Deserialize, Serialize};
 use std::borrow::Borrow;
 use std::fmt;
+use std::sync::Arc;
+
+/// Text read into shared storage with one allocation (none in between, where the input lends it).
+pub(crate) fn shared_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Arc<str>, D::Error> {
+    struct Text;
+    impl serde::de::Visitor<'_> for Text {
+        type Value = Arc<str>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a string")
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Arc<str>, E> {
+            Ok(Arc::from(v))
+        }
+    }
+    d.deserialize_str(Text)
+}
 
 macro_rules! name_type {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
-        #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-        #[serde(transparent)]
-        pub struct $name(String);
+        #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub struct $name(Arc<str>);
 
         impl $name {
             pub fn new(s: impl Into<String>) -> Self {
-                Self(s.into())
+                Self(Arc::from(s.into()))
             }
 
             pub fn as_str(&self) -> &str {
@@ -28,19 +44,31 @@ macro_rules! name_type {
 
         impl From<&str> for $name {
             fn from(s: &str) -> Self {
-                Self(s.to_owned())
+                Self(Arc::from(s))
             }
         }
 
         impl From<String> for $name {
             fn from(s: String) -> Self {
-                Self(s)
+                Self(Arc::from(s))
             }
         }
 
         impl From<$name> for String {
             fn from(n: $name) -> String {
-                n.0
+                n.0.to_string()
+            }
+        }
+
+        impl Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(&self.0)
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                shared_text(d).map(Self)
             }
         }
 
@@ -58,13 +86,13 @@ macro_rules! name_type {
 
         impl PartialEq<str> for $name {
             fn eq(&self, other: &str) -> bool {
-                self.0 == other
+                &*self.0 == other
             }
         }
 
         impl PartialEq<&str> for $name {
             fn eq(&self, other: &&str) -> bool {
-                self.0 == *other
+                &*self.0 == *other
             }
         }
 

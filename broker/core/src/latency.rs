@@ -18,30 +18,34 @@ pub const ROUTE_FACTOR: f64 = 1.5;
 /// Fixed part of every round trip, ms.
 pub const BASE_RTT_MS: f64 = 2.0;
 
-/// Measured round trips between named regions (directional, as measured).
+/// Measured round trips between named regions (directional, as measured), by origin then destination, so a
+/// lookup by two `&str` allocates nothing (it is on placement's path, once per candidate and user).
 #[derive(Clone, Debug, Default)]
 pub struct RttTable {
-    rtt: HashMap<(String, String), f64>,
+    rtt: HashMap<String, HashMap<String, f64>>,
 }
 
 impl RttTable {
     pub fn insert(&mut self, from: &str, to: &str, rtt_ms: f64) {
-        self.rtt.insert((from.to_owned(), to.to_owned()), rtt_ms);
+        self.rtt
+            .entry(from.to_owned())
+            .or_default()
+            .insert(to.to_owned(), rtt_ms);
     }
 
     pub fn len(&self) -> usize {
-        self.rtt.len()
+        self.rtt.values().map(HashMap::len).sum()
     }
 
     /// Every measured pair: `(from, to, rtt_ms)`, in no particular order.
     pub fn entries(&self) -> impl Iterator<Item = (&str, &str, f64)> {
         self.rtt
             .iter()
-            .map(|((f, t), ms)| (f.as_str(), t.as_str(), *ms))
+            .flat_map(|(f, to)| to.iter().map(move |(t, ms)| (f.as_str(), t.as_str(), *ms)))
     }
 
     pub fn is_empty(&self) -> bool {
-        self.rtt.is_empty()
+        self.len() == 0
     }
 
     /// The measured round trip, if the table has the pair (in either direction; same region counts as 1 ms).
@@ -49,10 +53,8 @@ impl RttTable {
         if from == to {
             return Some(1.0);
         }
-        self.rtt
-            .get(&(from.to_owned(), to.to_owned()))
-            .or_else(|| self.rtt.get(&(to.to_owned(), from.to_owned())))
-            .copied()
+        let one_way = |a: &str, b: &str| self.rtt.get(a).and_then(|m| m.get(b)).copied();
+        one_way(from, to).or_else(|| one_way(to, from))
     }
 
     /// Parses the long-format CSV `from_region,to_region,from_id,to_id,rtt_ms`, keyed by the ids.

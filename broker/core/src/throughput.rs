@@ -12,10 +12,17 @@ pub struct Throughput {
 impl Throughput {
     /// Speed of `model` relative to the reference (1.0 for models not in the table).
     pub fn factor(&self, model: &ModelName) -> f64 {
-        self.by_model
-            .get(&model.as_str().to_ascii_lowercase())
-            .copied()
-            .unwrap_or(1.0)
+        // Keys are lower case; a model named in lower case (or an empty table) needs no copy of the name (this
+        // is on placement's path, once per pool judged).
+        if self.by_model.is_empty() {
+            return 1.0;
+        }
+        let name = model.as_str();
+        let found = match name.bytes().any(|b| b.is_ascii_uppercase()) {
+            true => self.by_model.get(&name.to_ascii_lowercase()),
+            false => self.by_model.get(name),
+        };
+        found.copied().unwrap_or(1.0)
     }
 
     /// Run time on `model` of work that takes `reference_ms` on the reference model.

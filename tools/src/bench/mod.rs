@@ -32,6 +32,16 @@ pub struct Bench {
     pub throughput: Throughput,
 }
 
+/// The policies the requests cycle through, by the name `p50_us_by_policy` and the micro-benchmark give them.
+pub const POLICIES: [(&str, Policy); 6] = [
+    ("latency", Policy::Latency),
+    ("cost", Policy::Cost),
+    ("green", Policy::Green),
+    ("balanced", Policy::Balanced),
+    ("carbon-price", Policy::CarbonPriceUsdPerT(190.0)),
+    ("max-cost-premium", Policy::MaxCostPremium(0.05)),
+];
+
 const MODELS: [(&str, u64, u32, f64); 3] = [
     ("A100", 81_920, 400, 1.99),
     ("H100", 81_920, 700, 3.99),
@@ -112,14 +122,7 @@ impl Bench {
         for s in sites.values() {
             index.update(s, &Throughput::default());
         }
-        let policies = [
-            Policy::Latency,
-            Policy::Cost,
-            Policy::Green,
-            Policy::Balanced,
-            Policy::CarbonPriceUsdPerT(190.0),
-            Policy::MaxCostPremium(0.05),
-        ];
+        let policies = POLICIES.map(|(_, p)| p);
         let jobs = (0..n_jobs)
             .map(|i| {
                 let (count, milli) = match rng.next_u64() % 10 {

@@ -40,9 +40,10 @@ fn examine<'a>(
     duration_ms: u64,
     examined: &mut Vec<&'a SiteId>,
 ) -> Option<Terms> {
-    let site = view.sites.get(id)?;
+    // The federation's own key: one text per site, so a site already examined is found by address.
+    let (id, site) = view.sites.get_key_value(id)?;
     let pool = site.pool(pool_name)?;
-    if !examined.contains(&id) {
+    if !examined.iter().any(|e| std::ptr::eq(*e, id)) {
         examined.push(id);
     }
     ready_terms(view, req, now, site, pool, duration_ms)
