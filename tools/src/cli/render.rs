@@ -725,8 +725,8 @@ pub fn dispatch_summary(f: &crate::bench::dispatch::DispatchFigures) -> String {
 
 pub fn placement_summary(f: &crate::bench::PlacementFigures) -> String {
     format!(
-        "{} sites: {:.0} decisions/s, p50 {:.2} µs, p99 {:.2} µs with the index; full scan p50 {:.2} µs, p99 {:.2} µs; {:.0}% placed",
-        f.sites, f.decisions_per_s, f.p50_us, f.p99_us, f.full_scan_p50_us, f.full_scan_p99_us, f.placed_share * 100.0
+        "{} sites: {:.0} decisions/s, p50 {:.2} µs, p99 {:.2} µs with the index; full scan p50 {:.2} µs, p99 {:.2} µs ({} decisions); {:.0}% placed",
+        f.sites, f.decisions_per_s, f.p50_us, f.p99_us, f.full_scan_p50_us, f.full_scan_p99_us, f.full_scan_decisions, f.placed_share * 100.0
     )
 }
 
