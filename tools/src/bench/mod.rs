@@ -267,3 +267,18 @@ pub fn placement(n_sites: usize, decisions: usize) -> PlacementFigures {
             .collect(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::full_scan_decisions;
+
+    #[test]
+    fn the_full_scan_times_every_decision_up_to_ten_thousand_sites_and_fewer_beyond() {
+        assert_eq!(full_scan_decisions(1_000, 2_000), 2_000);
+        assert_eq!(full_scan_decisions(10_000, 2_000), 2_000);
+        assert_eq!(full_scan_decisions(100_000, 2_000), 200);
+        assert_eq!(full_scan_decisions(1_000_000, 2_000), 100);
+        assert_eq!(full_scan_decisions(1_000_000, 50), 50);
+        assert_eq!(full_scan_decisions(0, 10), 10);
+    }
+}
