@@ -88,8 +88,24 @@ pub fn encode_batch(batch: &Batch) -> Result<Vec<u8>, FormatError> {
 }
 
 pub fn decode_snapshot(bytes: &[u8]) -> Result<Snapshot, FormatError> {
-    check_format(bytes)?;
-    serde_json::from_slice(bytes).map_err(|e| FormatError::Unreadable(e.to_string()))
+    // Decoded first and its format checked after, rather than the format read first as a batch's is: reading
+    // the format alone is a scan of the whole snapshot, a second or more at a million jobs. A snapshot that
+    // does not decode is then checked for its format, so that a newer one is still reported as newer.
+    match serde_json::from_slice::<Snapshot>(bytes) {
+        Ok(snap) if snap.format > FORMAT_VERSION => Err(FormatError::Newer {
+            found: snap.format,
+            known: FORMAT_VERSION,
+        }),
+        Ok(snap) if snap.format < FIRST_FORMAT => Err(FormatError::Unreadable(format!(
+            "format {} is not a durable format",
+            snap.format
+        ))),
+        Ok(snap) => Ok(snap),
+        Err(e) => {
+            check_format(bytes)?;
+            Err(FormatError::Unreadable(e.to_string()))
+        }
+    }
 }
 
 pub fn encode_snapshot(snapshot: &Snapshot) -> Result<Vec<u8>, FormatError> {
@@ -122,6 +138,34 @@ mod tests {
             .contains("newer than the newest this broker knows"));
         assert!(matches!(
             decode_batch(b"seven b"),
+            Err(FormatError::Unreadable(_))
+        ));
+    }
+
+    #[test]
+    fn a_snapshot_of_a_newer_format_is_refused_by_name_whether_or_not_it_decodes() {
+        let fixture = include_str!("../tests/fixtures/format-8/snapshot.json");
+        let mut v: serde_json::Value = serde_json::from_str(fixture).unwrap();
+        v["format"] = (FORMAT_VERSION + 1).into();
+        let decodes = serde_json::to_vec(&v).unwrap();
+        v["jobs"][0]["phase"] = "from_the_future".into();
+        let does_not = serde_json::to_vec(&v).unwrap();
+        for bytes in [decodes, does_not] {
+            assert_eq!(
+                decode_snapshot(&bytes).unwrap_err(),
+                FormatError::Newer {
+                    found: FORMAT_VERSION + 1,
+                    known: FORMAT_VERSION
+                }
+            );
+        }
+        v["format"] = 0.into();
+        assert!(matches!(
+            decode_snapshot(&serde_json::to_vec(&v).unwrap()),
+            Err(FormatError::Unreadable(_))
+        ));
+        assert!(matches!(
+            decode_snapshot(b"{\"format\":8,"),
             Err(FormatError::Unreadable(_))
         ));
     }

@@ -18,6 +18,7 @@ pub struct Snapshot {
     pub at_ms: Millis,
     pub next_job: u64,
     pub sites: Vec<Site>,
+    /// In id order.
     pub jobs: Vec<Job>,
     /// The tenancy in force (queues, quotas, budgets), as last set.
     #[serde(default)]

@@ -4,7 +4,7 @@ use super::fairness::OrderKey;
 use super::waiting::{tenant_owner, GroupKey};
 use super::{Command, Reactor};
 use crate::journal::Journal;
-use crate::model::Assignment;
+use crate::model::{Assignment, Job};
 use crate::placement::{self, Outcome, Request, View};
 use crate::Millis;
 use meridian_federation::{JobId, JobPhase, JobSpec, Offer, SiteId, WIRE_VERSION};
@@ -133,11 +133,22 @@ impl<J: Journal> Reactor<J> {
         let Some(job) = self.state.jobs.get(id) else {
             return;
         };
-        if job.phase != JobPhase::Pending {
-            self.state.waiting.remove(id);
-            return;
+        match Self::filing(self.tenancy.as_ref(), id, job) {
+            Some(f) => self
+                .state
+                .waiting
+                .file(id, f.key, f.queue, f.timer, f.demand),
+            None => self.state.waiting.remove(id),
         }
-        let (owner, queue, priority, demand) = match &self.tenancy {
+    }
+
+    /// Where a job is filed in the waiting index: its group, its queue, its next timer and its quota demand
+    /// (`None` for a job that is not pending).
+    fn filing(tenancy: Option<&crate::quota::Tenancy>, id: &JobId, job: &Job) -> Option<Filing> {
+        if job.phase != JobPhase::Pending {
+            return None;
+        }
+        let (owner, queue, priority, demand) = match tenancy {
             Some(t) => {
                 let priority = t
                     .priority_of(job.spec.priority.as_deref())
@@ -171,26 +182,26 @@ impl<J: Journal> Reactor<J> {
             .map(|(_, u)| *u)
             .chain(job.retry_at_ms)
             .min();
-        self.state.waiting.file(id, key, queue, timer, demand);
+        Some(Filing {
+            key,
+            queue,
+            timer,
+            demand,
+        })
     }
 
     /// Files every pending job again (the tenancy changed, or the state was restored).
     pub(super) fn refile_all(&mut self) {
-        self.state.waiting = Default::default();
-        let pending: Vec<JobId> = self
-            .state
-            .active
-            .iter()
-            .filter(|id| {
-                self.state
-                    .jobs
-                    .get(*id)
-                    .is_some_and(|j| j.phase == JobPhase::Pending)
-            })
-            .cloned()
-            .collect();
-        for id in pending {
-            self.file_waiting(&id);
+        let state = &mut self.state;
+        state.waiting = Default::default();
+        state.waiting.reserve(state.active.len());
+        for id in &state.active {
+            let Some(job) = state.jobs.get(id) else {
+                continue;
+            };
+            if let Some(f) = Self::filing(self.tenancy.as_ref(), id, job) {
+                state.waiting.file(id, f.key, f.queue, f.timer, f.demand);
+            }
         }
     }
 
@@ -628,6 +639,14 @@ pub(super) struct Tried {
     /// It is blocked in a way every job of its group is (`Some(true)`: by quota before placement;
     /// `Some(false)`: no site has room for its shape, or none fits it).
     pub blocked: Option<bool>,
+}
+
+/// A pending job's place in the waiting index (see [`Reactor::filing`]).
+struct Filing {
+    key: GroupKey,
+    queue: Option<meridian_federation::QueueName>,
+    timer: Option<Millis>,
+    demand: Vec<(meridian_federation::QueueName, crate::quota::Class, u64)>,
 }
 
 /// What tells waiting jobs apart for placement and quota: their resources, replicas, constraints, whether they

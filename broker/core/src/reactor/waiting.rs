@@ -83,6 +83,11 @@ impl Waiting {
         self.filed.contains_key(id)
     }
 
+    /// Makes room for `n` more jobs (before filing many at once).
+    pub fn reserve(&mut self, n: usize) {
+        self.filed.reserve(n);
+    }
+
     /// Files (or files again) a waiting job.
     pub fn file(
         &mut self,
