@@ -3,8 +3,9 @@
 //! the federation's own files, and meters carbon from the real hourly series.
 
 use super::engine::{ScheduleEntry, SimJob};
-use super::federation::SimFederation;
+use super::federation::{SimFederation, SimSite};
 use meridian_core::Millis;
+use meridian_federation::PoolAdvert;
 use meridian_federation::{JobKind, PoolName, Tier};
 use std::collections::BTreeMap;
 
@@ -69,72 +70,16 @@ pub fn check(fed: &SimFederation, jobs: &[SimJob], schedule: &[ScheduleEntry]) -
             out.violations
                 .push(format!("{} on {}: {what}", e.job_id, e.site))
         };
-        if pool.kind != spec.resources.kind {
-            bad(format!("pool kind {:?}", pool.kind));
-        }
-        if !spec.resources.models.is_empty()
-            && !spec
-                .resources
-                .models
-                .iter()
-                .any(|m| m.matches(pool.model.as_str()))
-        {
-            bad(format!("model {} not allowed", pool.model));
-        }
-        if let Some(mem) = spec.resources.memory_mib {
-            if pool.memory_mib < mem {
-                bad("too little memory".into());
-            }
-        }
-        if !job.trace_models.is_empty()
-            && !job
-                .trace_models
-                .iter()
-                .any(|alt| trace_alternative_met(alt, pool.model.as_str(), pool.memory_mib))
-        {
-            bad(format!(
-                "the trace's gpu_spec {} is not met by {} with {} MiB",
-                job.trace_models.join("|"),
-                pool.model,
-                pool.memory_mib
-            ));
+        for why in request_misfits(fed, site, pool, job) {
+            bad(why);
         }
         let asked: u64 = spec.total_milli();
         let given: u64 = e.devices.iter().map(|d| u64::from(d.milli)).sum();
         if asked != given {
             bad(format!("given {given} milli, asked {asked}"));
         }
-        let mig_ok = spec
-            .resources
-            .mig
-            .as_ref()
-            .is_some_and(|m| pool.sharing.mig_profiles.contains(m));
-        if spec.resources.mig.is_some() && !mig_ok {
-            bad("MIG profile not offered by the pool".into());
-        }
-        if e.devices.iter().any(|d| d.milli < 1000) && !pool.sharing.milli && !mig_ok {
+        if e.devices.iter().any(|d| d.milli < 1000) && !pool.sharing.milli && !mig_met(job, pool) {
             bad("shares a device of a pool that does not share".into());
-        }
-        let c = &spec.constraints;
-        if let Some(cap) = c.price_cap_micro_usd_per_hour {
-            if pool.price_micro_usd_per_hour > cap {
-                bad("price above cap".into());
-            }
-        }
-        if !c.tiers.is_empty() && !c.tiers.contains(&site.file.tier) {
-            bad("tier not allowed".into());
-        }
-        if !c.sites.is_empty() && !c.sites.contains(&site.id) {
-            bad("site not allowed".into());
-        }
-        if let Some(r) = &c.residency {
-            let loc = meridian_federation::GeoPoint {
-                lat: site.file.latitude,
-                lon: site.file.longitude,
-            };
-            if fed.regions.contains(r, loc) != Some(true) {
-                bad(format!("outside residency {r}"));
-            }
         }
         if site.file.tier == Tier::Cloud && e.start_ms < job.arrival_ms + spec.max_wait_s * 1000 {
             bad("burst to cloud before max_wait".into());
@@ -249,6 +194,83 @@ pub fn check(fed: &SimFederation, jobs: &[SimJob], schedule: &[ScheduleEntry]) -
     }
     out.fragmentation = fragmentation(fed, &usage);
     out
+}
+
+/// What keeps `job` off `pool` of `site` whatever the schedule: accelerator kind, model, memory, the trace's
+/// `gpu_spec`, MIG profile, price cap, tiers, sites and residency (the size and sharing of what it was given are
+/// the schedule's, checked by [`check`]). Empty when the request allows the pool.
+pub fn request_misfits(
+    fed: &SimFederation,
+    site: &SimSite,
+    pool: &PoolAdvert,
+    job: &SimJob,
+) -> Vec<String> {
+    let spec = &job.spec;
+    let mut out = Vec::new();
+    if pool.kind != spec.resources.kind {
+        out.push(format!("pool kind {:?}", pool.kind));
+    }
+    if !spec.resources.models.is_empty()
+        && !spec
+            .resources
+            .models
+            .iter()
+            .any(|m| m.matches(pool.model.as_str()))
+    {
+        out.push(format!("model {} not allowed", pool.model));
+    }
+    if let Some(mem) = spec.resources.memory_mib {
+        if pool.memory_mib < mem {
+            out.push("too little memory".into());
+        }
+    }
+    if !job.trace_models.is_empty()
+        && !job
+            .trace_models
+            .iter()
+            .any(|alt| trace_alternative_met(alt, pool.model.as_str(), pool.memory_mib))
+    {
+        out.push(format!(
+            "the trace's gpu_spec {} is not met by {} with {} MiB",
+            job.trace_models.join("|"),
+            pool.model,
+            pool.memory_mib
+        ));
+    }
+    if spec.resources.mig.is_some() && !mig_met(job, pool) {
+        out.push("MIG profile not offered by the pool".into());
+    }
+    let c = &spec.constraints;
+    if let Some(cap) = c.price_cap_micro_usd_per_hour {
+        if pool.price_micro_usd_per_hour > cap {
+            out.push("price above cap".into());
+        }
+    }
+    if !c.tiers.is_empty() && !c.tiers.contains(&site.file.tier) {
+        out.push("tier not allowed".into());
+    }
+    if !c.sites.is_empty() && !c.sites.contains(&site.id) {
+        out.push("site not allowed".into());
+    }
+    if let Some(r) = &c.residency {
+        let loc = meridian_federation::GeoPoint {
+            lat: site.file.latitude,
+            lon: site.file.longitude,
+        };
+        if fed.regions.contains(r, loc) != Some(true) {
+            out.push(format!("outside residency {r}"));
+        }
+    }
+    out
+}
+
+/// Whether the job asks for a MIG profile the pool offers.
+fn mig_met(job: &SimJob, pool: &PoolAdvert) -> bool {
+    job.spec
+        .resources
+        .mig
+        .as_ref()
+        .is_some_and(|m| pool.sharing.mig_profiles.contains(m))
 }
 
 /// Mean, over hourly samples, of the share of free owned/partner milli-capacity that lies on devices already

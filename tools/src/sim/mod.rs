@@ -1,6 +1,7 @@
 //! `meridian sim`: a trace-driven, discrete-event simulation of a federation that drives the broker's own
 //! reactor and placement, compared across policies and baselines, judged by an independent checker.
 
+pub mod bound;
 pub mod checker;
 pub mod engine;
 pub mod federation;
@@ -48,6 +49,10 @@ pub struct SimOptions {
     /// lands against it (and, with --plot, draw it).
     #[arg(long)]
     pub front: bool,
+    /// Also solve the offline bound (a linear relaxation with hindsight, see docs/simulator.md) for money,
+    /// for carbon and for each carbon price run, and report every run's ratio to it.
+    #[arg(long)]
+    pub bound: bool,
     /// Seed of the random draws (submitters' cities, users): the same seed gives the same run.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -138,6 +143,20 @@ pub struct RunReport {
     /// prefix of the jobs in submission order, as a fraction (see [`max_prefix_premium`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_prefix_premium: Option<f64>,
+    /// With `--bound`: this run's money over the least money of the bound.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost_over_bound: Option<f64>,
+    /// With `--bound`: this run's kgCO2e over the least kgCO2e of the bound.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub co2_over_bound: Option<f64>,
+    /// With `--bound`, for a `carbon-price=…` run: its `cost + price × CO2` over the bound's least for that
+    /// price.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub objective_over_bound: Option<f64>,
+    /// With `--bound`: jobs this run started after their start window (or never), for which the bound does
+    /// not bind it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outside_bound_window: Option<usize>,
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -163,6 +182,9 @@ pub struct SimReport {
     /// With `--front`: one point per carbon price of the sweep, cheapest first.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub front: Vec<FrontPoint>,
+    /// With `--bound`: the offline bound.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bound: Option<bound::BoundReport>,
 }
 
 /// One point of the cost–kgCO2e front: a run under `carbon-price=…`.
@@ -174,6 +196,9 @@ pub struct FrontPoint {
     pub violations: usize,
     /// As [`RunReport::max_prefix_premium`].
     pub max_prefix_premium: f64,
+    /// With `--bound`: as [`RunReport::objective_over_bound`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub objective_over_bound: Option<f64>,
 }
 
 /// What each job was billed in a run (micro-USD, all its attempts), by job index.
@@ -726,6 +751,7 @@ pub fn simulate(opts: &SimOptions) -> anyhow::Result<Simulated> {
                 co2_kg: r.co2_kg,
                 violations: r.violations,
                 max_prefix_premium: premium(&schedule),
+                objective_over_bound: None,
             });
         }
         for (r, (_, schedule)) in runs.iter_mut().zip(&schedules) {
@@ -737,6 +763,10 @@ pub fn simulate(opts: &SimOptions) -> anyhow::Result<Simulated> {
             r.max_prefix_premium = Some(premium(schedule));
         }
     }
+    let bound = match opts.bound {
+        true => Some(apply_bound(&fed, &jobs, &mut runs, &schedules, &mut front)?),
+        false => None,
+    };
     Ok((
         SimReport {
             runs,
@@ -745,10 +775,73 @@ pub fn simulate(opts: &SimOptions) -> anyhow::Result<Simulated> {
             inference_requests: requests.len(),
             inference_replicas: replica_count,
             front,
+            bound,
         },
         schedules,
         jobs,
     ))
+}
+
+/// Solves the offline bound for money, carbon and every carbon price among the runs and the front, and sets
+/// each run's and front point's ratios to it.
+fn apply_bound(
+    fed: &SimFederation,
+    jobs: &[SimJob],
+    runs: &mut [RunReport],
+    schedules: &[(String, Vec<engine::ScheduleEntry>)],
+    front: &mut [FrontPoint],
+) -> anyhow::Result<bound::BoundReport> {
+    let relaxation = bound::relaxation(fed, jobs);
+    let money = relaxation.solve(bound::Objective::Money)?;
+    let carbon = relaxation.solve(bound::Objective::Carbon)?;
+    let price_of = |name: &str| match Policy::parse_label(name) {
+        Ok(Policy::CarbonPriceUsdPerT(p)) => Some(p),
+        _ => None,
+    };
+    let mut prices: Vec<f64> = runs.iter().filter_map(|r| price_of(&r.policy)).collect();
+    prices.extend(front.iter().map(|p| p.carbon_price_usd_per_t));
+    prices.sort_by(f64::total_cmp);
+    prices.dedup();
+    let mut objectives = Vec::new();
+    for price in prices {
+        let o = relaxation.solve(bound::Objective::CarbonPrice(price))?;
+        objectives.push(bound::ObjectiveBound {
+            carbon_price_usd_per_t: price,
+            objective_usd: round(o.objective, 2),
+            cost_usd: round(o.cost_usd, 2),
+            co2_kg: round(o.co2_kg, 1),
+        });
+    }
+    let ratio = |a: f64, b: f64| (b > 0.0).then(|| round(a / b, 4));
+    let objective_ratio = |price: f64, cost: f64, co2: f64| {
+        objectives
+            .iter()
+            .find(|o| o.carbon_price_usd_per_t == price)
+            .and_then(|o| ratio(cost + price * co2 / 1000.0, o.objective_usd))
+    };
+    for (r, (_, schedule)) in runs.iter_mut().zip(schedules) {
+        r.cost_over_bound = ratio(r.cost_usd, money.cost_usd);
+        r.co2_over_bound = ratio(r.co2_kg, carbon.co2_kg);
+        r.objective_over_bound =
+            price_of(&r.policy).and_then(|p| objective_ratio(p, r.cost_usd, r.co2_kg));
+        r.outside_bound_window = Some(bound::outside_window(fed, jobs, &relaxation, schedule));
+    }
+    for p in front.iter_mut() {
+        p.objective_over_bound = objective_ratio(p.carbon_price_usd_per_t, p.cost_usd, p.co2_kg);
+    }
+    tracing::info!(
+        "bound: {} jobs over {} days, {} objectives solved",
+        relaxation.covered(),
+        relaxation.days,
+        objectives.len() + 2
+    );
+    Ok(bound::BoundReport {
+        jobs: relaxation.covered(),
+        days: relaxation.days,
+        cost_usd: round(money.cost_usd, 2),
+        co2_kg: round(carbon.co2_kg, 1),
+        objectives,
+    })
 }
 
 /// A run's figures from what the checker found and what the engine left unplaced (the inference figures are
@@ -821,7 +914,50 @@ pub fn run_report(
         },
         dominated_by: Vec::new(),
         max_prefix_premium: None,
+        cost_over_bound: None,
+        co2_over_bound: None,
+        objective_over_bound: None,
+        outside_bound_window: None,
     }
+}
+
+/// The `--bound` section of the table: the bound's figures, then each run's ratios to them.
+fn bound_table(b: &bound::BoundReport, r: &SimReport) -> String {
+    let mut s = format!(
+        "\nBOUND ({} jobs over {} days; no schedule starting each job in its window does better)\n  money {:.2} $   carbon {:.1} kg\n",
+        b.jobs, b.days, b.cost_usd, b.co2_kg
+    );
+    for o in &b.objectives {
+        s.push_str(&format!(
+            "  carbon-price={:<14} cost + price x CO2 {:.2} $ ({:.2} $, {:.1} kg)\n",
+            o.carbon_price_usd_per_t, o.objective_usd, o.cost_usd, o.co2_kg
+        ));
+    }
+    let opt = |v: Option<f64>| v.map(|v| format!("{v:.3}x")).unwrap_or_else(|| "-".into());
+    s.push_str(&format!(
+        "  {:<22} {:>10} {:>10} {:>10} {:>14}\n",
+        "RUN", "COST/BOUND", "CO2/BOUND", "OBJ/BOUND", "OUTSIDE WINDOW"
+    ));
+    for x in &r.runs {
+        s.push_str(&format!(
+            "  {:<22} {:>10} {:>10} {:>10} {:>14}\n",
+            x.policy,
+            opt(x.cost_over_bound),
+            opt(x.co2_over_bound),
+            opt(x.objective_over_bound),
+            x.outside_bound_window.unwrap_or(0)
+        ));
+    }
+    for p in &r.front {
+        s.push_str(&format!(
+            "  {:<22} {:>10} {:>10} {:>10}\n",
+            format!("carbon-price={}", p.carbon_price_usd_per_t),
+            "",
+            "",
+            opt(p.objective_over_bound)
+        ));
+    }
+    s
 }
 
 /// The report as an aligned table.
@@ -913,6 +1049,9 @@ pub fn table(r: &SimReport) -> String {
         s.push_str(
             "  (prefix premium: the most a run's bill ran over `cost`'s for the same jobs, over every prefix of the\n   jobs in submission order)\n",
         );
+    }
+    if let Some(b) = &r.bound {
+        s.push_str(&bound_table(b, r));
     }
     s.push_str(&format!(
         "\n{} trace rows never ran (no scheduled_time) and {} ask for no GPU: not submitted. Inference: {} requests, {} replicas.\n",
