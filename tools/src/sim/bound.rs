@@ -310,12 +310,15 @@ impl Relaxation {
             .map(|cs| cs.iter().map(|_| vars.add(variable().min(0.0))).collect())
             .collect();
         let mut goal = Expression::with_capacity(x.iter().map(Vec::len).sum());
-        let mut rows: BTreeMap<(usize, usize), Expression> = BTreeMap::new();
+        // Per pool and day: the row, and the device-hours of every job allowed there were they all there.
+        let mut rows: BTreeMap<(usize, usize), (Expression, f64)> = BTreeMap::new();
         for (cs, xs) in self.candidates.iter().zip(&x) {
             for (c, v) in cs.iter().zip(xs) {
                 goal.add_mul(wc * c.cost_usd + wg * c.co2_kg, *v);
                 for &(day, hours) in &c.usage {
-                    rows.entry((c.pool, day)).or_default().add_mul(hours, *v);
+                    let row = rows.entry((c.pool, day)).or_default();
+                    row.0.add_mul(hours, *v);
+                    row.1 += hours;
                 }
             }
         }
@@ -327,8 +330,11 @@ impl Relaxation {
             }
             model.add_constraint(all.eq(1.0));
         }
-        for ((pool, _), row) in rows {
-            model.add_constraint(row.leq(self.day_capacity[pool]));
+        // A day of a pool that could hold every job allowed on it at once needs no row: no point can break it.
+        for ((pool, _), (row, demand)) in rows {
+            if demand > self.day_capacity[pool] {
+                model.add_constraint(row.leq(self.day_capacity[pool]));
+            }
         }
         let solution = model.solve().map_err(|e| {
             anyhow::anyhow!(
