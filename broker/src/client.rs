@@ -358,7 +358,19 @@ impl Client {
     }
 
     pub async fn sites(&self) -> anyhow::Result<Vec<meridian_federation::SiteView>> {
-        self.call(api::LIST_SITES, &Empty { v: WIRE_VERSION }).await
+        self.sites_in(None).await
+    }
+
+    /// The sites in one state (all with `None`).
+    pub async fn sites_in(
+        &self,
+        state: Option<meridian_federation::SiteState>,
+    ) -> anyhow::Result<Vec<meridian_federation::SiteView>> {
+        let req = meridian_federation::SiteListRequest {
+            v: WIRE_VERSION,
+            state,
+        };
+        self.call(api::LIST_SITES, &req).await
     }
 
     pub async fn drain(

@@ -1795,6 +1795,58 @@ pub struct JobView {
     pub users: Vec<GeoPoint>,
 }
 
+/// The state a site is in, as `meridian sites` and the `meridian_sites` metric count it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SiteState {
+    /// Heard from within the liveness timeout and taking work.
+    Up,
+    /// Up, but taking no new work (its agent or an operator drains it).
+    Draining,
+    /// Not heard from within the liveness timeout.
+    Lost,
+    /// Revoked by an operator: nothing it sends is taken.
+    Revoked,
+}
+
+impl SiteState {
+    pub const ALL: [SiteState; 4] = [
+        SiteState::Up,
+        SiteState::Draining,
+        SiteState::Lost,
+        SiteState::Revoked,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SiteState::Up => "up",
+            SiteState::Draining => "draining",
+            SiteState::Lost => "lost",
+            SiteState::Revoked => "revoked",
+        }
+    }
+}
+
+/// List sites, every one or only those in one state (`{"state": "lost"}`: which sites are down, an answer that
+/// stays small in a federation of many sites).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SiteListRequest {
+    #[serde(default = "v1")]
+    pub v: u32,
+    #[serde(default)]
+    pub state: Option<SiteState>,
+}
+
+impl Default for SiteListRequest {
+    fn default() -> Self {
+        SiteListRequest {
+            v: crate::WIRE_VERSION,
+            state: None,
+        }
+    }
+}
+
 /// The live work by queue: what `meridian queue` and the dashboard's queues and map read, counted over every live
 /// job the caller may see (not a page of them).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -659,6 +659,14 @@ impl Validate for JobListRequest {
     }
 }
 
+impl Validate for SiteListRequest {
+    versioned!(SiteListRequest);
+
+    fn validate(&self) -> R {
+        Ok(())
+    }
+}
+
 impl Validate for QueuesRequest {
     versioned!(QueuesRequest);
 

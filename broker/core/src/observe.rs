@@ -7,7 +7,7 @@
 //! never a job id.
 
 use crate::model::{Job, Site};
-use meridian_federation::{Amounts, JobId, JobPhase, ModelName, SiteId, TenantId, Tier};
+use meridian_federation::{Amounts, JobId, JobPhase, ModelName, SiteId, SiteState, TenantId, Tier};
 use std::collections::BTreeMap;
 
 /// Something a step did that the shell counts (metrics) and tells (traces). Times are the step's `now`.
@@ -160,16 +160,8 @@ impl Gauges {
     ) -> Gauges {
         let mut g = Gauges::default();
         for site in sites {
-            let state = if revoked.contains(site.id()) {
-                "revoked"
-            } else if !site.up {
-                "lost"
-            } else if site.advert_draining || site.api_draining {
-                "draining"
-            } else {
-                "up"
-            };
-            g.site_states.insert(site.id().clone(), state);
+            g.site_states
+                .insert(site.id().clone(), site_state(site, revoked).as_str());
             for pool in &site.pools {
                 let mut add = |state: &'static str, devices: f64| {
                     *g.devices
@@ -201,6 +193,19 @@ impl Gauges {
             }
         }
         g
+    }
+}
+
+/// The state a site is in: revoked, else lost (not up), else draining (by its agent or an operator), else up.
+pub fn site_state(site: &Site, revoked: &std::collections::BTreeSet<SiteId>) -> SiteState {
+    if revoked.contains(site.id()) {
+        SiteState::Revoked
+    } else if !site.up {
+        SiteState::Lost
+    } else if site.advert_draining || site.api_draining {
+        SiteState::Draining
+    } else {
+        SiteState::Up
     }
 }
 

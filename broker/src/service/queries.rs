@@ -23,7 +23,8 @@ pub enum Query {
     /// A job, and whether every site is weighed (`explain --all`).
     Explain(JobId, bool),
     Timeline(JobId),
-    Sites,
+    /// Every site, or those in one state.
+    Sites(Option<meridian_federation::SiteState>),
     /// Where the job's latest attempt ran: site and attempt.
     Placement(JobId),
     /// The ledger of the live jobs.
@@ -89,7 +90,7 @@ pub(super) fn answer(
                 .map(|j| views::job_view(j, st.sites(), reactor.rtt())),
         ),
         Query::Explain(id, all) => Answer::Explain(explain(reactor, &id, all)),
-        Query::Sites => Answer::Sites(sites(reactor)),
+        Query::Sites(state) => Answer::Sites(sites(reactor, state)),
         Query::Format => Answer::Format(
             st.format(),
             unreadable.map(|(seq, reason)| (seq, reason.to_owned())),
@@ -185,10 +186,18 @@ fn explain(reactor: &Reactor<BufferJournal>, id: &JobId, all: bool) -> Option<Ex
     })
 }
 
-fn sites(reactor: &Reactor<BufferJournal>) -> Vec<SiteView> {
+fn sites(
+    reactor: &Reactor<BufferJournal>,
+    state: Option<meridian_federation::SiteState>,
+) -> Vec<SiteView> {
     let st = reactor.state();
     st.sites()
         .values()
+        .filter(|s| {
+            state.is_none_or(|want| {
+                meridian_core::observe::site_state(s, st.revoked_sites()) == want
+            })
+        })
         .map(|s| {
             let mut v = views::site_view(s);
             v.carbon_history = st.intensity_of(s.id()).to_vec();

@@ -100,6 +100,27 @@ pub enum Sort {
     Oldest,
 }
 
+/// A site state, as `meridian sites --state` takes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SiteStateArg {
+    Up,
+    Draining,
+    Lost,
+    Revoked,
+}
+
+impl SiteStateArg {
+    fn state(self) -> meridian_federation::SiteState {
+        use meridian_federation::SiteState as S;
+        match self {
+            SiteStateArg::Up => S::Up,
+            SiteStateArg::Draining => S::Draining,
+            SiteStateArg::Lost => S::Lost,
+            SiteStateArg::Revoked => S::Revoked,
+        }
+    }
+}
+
 /// `NAME:LAT:LON:RATE`.
 fn parse_rate(s: &str) -> Result<meridian_federation::LocationRate, String> {
     let parts: Vec<&str> = s.split(':').collect();
@@ -180,7 +201,11 @@ pub enum ClientCmd {
         job: JobId,
     },
     /// List sites.
-    Sites,
+    Sites {
+        /// Only the sites in this state.
+        #[arg(long, value_enum)]
+        state: Option<SiteStateArg>,
+    },
     /// The accelerator catalogue: every pool of every site by model, with its free and total devices, price
     /// per device-hour and grid carbon, cheapest first.
     Gpus {
@@ -554,8 +579,8 @@ pub async fn run(cmd: ClientCmd, connect: &ConnectArgs, out: Output) -> anyhow::
             let rows = render::gpu_rows(&sites, model.as_deref());
             print(out, &rows, |r| render::gpus(r))
         }
-        ClientCmd::Sites => {
-            let sites = client.sites().await?;
+        ClientCmd::Sites { state } => {
+            let sites = client.sites_in(state.map(SiteStateArg::state)).await?;
             print(out, &sites, |s| render::sites(s))
         }
         ClientCmd::Explain { job, all } => {

@@ -11,8 +11,11 @@ use meridian_federation::{
     WIRE_VERSION,
 };
 
-pub async fn sites(h: &BrokerHandle) -> ApiResult<Vec<SiteView>> {
-    match h.query(Query::Sites).await {
+pub async fn sites(
+    h: &BrokerHandle,
+    state: Option<meridian_federation::SiteState>,
+) -> ApiResult<Vec<SiteView>> {
+    match h.query(Query::Sites(state)).await {
         Some(Answer::Sites(v)) => Ok(v),
         _ => Err(ApiError::unavailable()),
     }
@@ -29,7 +32,7 @@ pub async fn drain(
         drain,
     };
     h.step_as(who, event).await?;
-    sites(h)
+    sites(h, None)
         .await?
         .into_iter()
         .find(|s| s.site == site)

@@ -14,8 +14,8 @@ use meridian_federation::subjects::api as subject;
 use meridian_federation::{
     AuditRequest, DemandReport, DrainRequest, ExplainRequest, FormatRequest, HistoryRequest, JobId,
     JobListRequest, JobSpec, QueuesRequest, ReportRequest, RoutesWatchRequest, ScaleInRequest,
-    ServiceRef, ServiceSpec, SiteId, SiteRevokeRequest, TenancyRequest, TokenCreateRequest,
-    TokenRevokeRequest,
+    ServiceRef, ServiceSpec, SiteId, SiteListRequest, SiteRevokeRequest, TenancyRequest,
+    TokenCreateRequest, TokenRevokeRequest,
 };
 use std::collections::BTreeMap;
 
@@ -36,7 +36,7 @@ pub enum Call {
         lines: u32,
     },
     Timeline(JobId),
-    ListSites,
+    ListSites(SiteListRequest),
     Drain {
         site: SiteId,
         drain: bool,
@@ -214,9 +214,9 @@ def!(TIMELINE, "timeline", Access::Read,
     [subject::TIMELINE => |n| plain(job_ref(&n).map(Call::Timeline))],
     "→ `TimelineView`: `events` (`submitted`, `offered`, `started`, `ended`, `waiting`, `finished`, `note`, each with `at_ms`, `attempt`, `site`, `detail`), `attempts` (site, pool, model, devices, run time, metered amounts), the latest placement's best `candidates`, `log_tail` (or `log_error`)");
 def!(LIST_SITES, "list_sites", Access::Read,
-    [Get "/v1/sites" => |_| Ok(Call::ListSites)],
-    [subject::LIST_SITES => |n| { empty(&n.payload)?; plain(Ok(Call::ListSites)) }],
-    "→ `[SiteView]`: each site's pools, state, PUE and grid carbon now, its advertised hourly forecast (`carbon_forecast`, from `carbon_forecast_start_ms`) and the intensities the broker keeps to meter its running work (`carbon_history`, `[from_ms, g]` steps)");
+    [Get "/v1/sites" => |r| optional(&query_body(&r, &[])?).map(Call::ListSites)],
+    [subject::LIST_SITES => |n| plain(optional(&n.payload).map(Call::ListSites))],
+    "`?state=up|draining|lost|revoked` → `[SiteView]` (every site, or those in that state): each site's pools, state, PUE and grid carbon now, its advertised hourly forecast (`carbon_forecast`, from `carbon_forecast_start_ms`) and the intensities the broker keeps to meter its running work (`carbon_history`, `[from_ms, g]` steps)");
 def!(DRAIN, "drain", Access::Change,
     [Post "/v1/sites/{id}/drain" => |r| {
         let drain = if r.body.is_empty() { true } else { drain_body(&r.body)? };
@@ -408,7 +408,7 @@ impl Call {
             Call::Cancel(_) => &CANCEL,
             Call::Logs { .. } => &LOGS,
             Call::Timeline(_) => &TIMELINE,
-            Call::ListSites => &LIST_SITES,
+            Call::ListSites(_) => &LIST_SITES,
             Call::Drain { .. } => &DRAIN,
             Call::ScaleIn(_) => &SCALE_IN,
             Call::ServiceDeploy(_) => &SERVICE_DEPLOY,
@@ -452,7 +452,7 @@ pub async fn dispatch(h: &BrokerHandle, who: &Principal, call: Call) -> ApiResul
         Call::Cancel(id) => Reply::json(200, &jobs::cancel(h, who, id).await?),
         Call::Logs { job, lines } => Reply::json(200, &jobs::logs(h, who, job, lines).await?),
         Call::Timeline(id) => Reply::json(200, &jobs::timeline(h, who, id).await?),
-        Call::ListSites => Reply::json(200, &admin::sites(h).await?),
+        Call::ListSites(req) => Reply::json(200, &admin::sites(h, req.state).await?),
         Call::Drain { site, drain } => Reply::json(200, &admin::drain(h, who, site, drain).await?),
         Call::ScaleIn(r) => Reply::json(200, &services::scale_in(h, who, r).await?),
         Call::ServiceDeploy(spec) => Reply::json(200, &services::deploy(h, who, spec).await?),

@@ -3,10 +3,36 @@
 use super::*;
 
 pub(super) async fn list_sites(x: Harness) {
-    let v = x.json(A, Call::ListSites).await.unwrap();
+    let v = x
+        .json(A, Call::ListSites(Default::default()))
+        .await
+        .unwrap();
     assert_eq!(v.as_array().unwrap().len(), 2, "{v}");
+    let in_state = |state: &'static str| {
+        let x = &x;
+        async move {
+            let v = via_http(x, A, &calls::LIST_SITES, &[], &format!("state={state}"), "")
+                .await
+                .unwrap();
+            v.as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s["site"].as_str().unwrap().to_owned())
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(in_state("up").await.len(), 2);
+    assert!(in_state("lost").await.is_empty());
+    let site = SiteId::new("site-a").unwrap();
+    x.json(A, Call::Drain { site, drain: true }).await.unwrap();
+    assert_eq!(in_state("draining").await, ["site-a"]);
+    assert_eq!(in_state("up").await.len(), 1);
+    let e = via_http(&x, A, &calls::LIST_SITES, &[], "state=gone", "")
+        .await
+        .unwrap_err();
+    assert_eq!(e.field.as_deref(), Some("state"), "{e:?}");
     assert_eq!(
-        code(x.json(None, Call::ListSites).await),
+        code(x.json(None, Call::ListSites(Default::default())).await),
         ErrorCode::Unauthenticated
     );
 }
@@ -166,7 +192,10 @@ pub(super) async fn token_revoke(x: Harness) {
     let v = x.json(A, Call::TokenRevoke(id)).await.unwrap();
     assert_eq!(v["revoked"], true, "{v}");
     assert_eq!(
-        code(x.json(Some(&made), Call::ListSites).await),
+        code(
+            x.json(Some(&made), Call::ListSites(Default::default()))
+                .await
+        ),
         ErrorCode::Unauthenticated
     );
 }
@@ -179,7 +208,10 @@ pub(super) async fn site_revoke(x: Harness) {
         ErrorCode::Forbidden
     );
     x.json(A, Call::SiteRevoke(site())).await.unwrap();
-    let sites = x.json(A, Call::ListSites).await.unwrap();
+    let sites = x
+        .json(A, Call::ListSites(Default::default()))
+        .await
+        .unwrap();
     let b = sites
         .as_array()
         .unwrap()
