@@ -361,16 +361,27 @@ impl Client {
         self.sites_in(None).await
     }
 
-    /// The sites in one state (all with `None`).
+    /// The sites in one state (all with `None`), by id, read a page at a time.
     pub async fn sites_in(
         &self,
         state: Option<meridian_federation::SiteState>,
     ) -> anyhow::Result<Vec<meridian_federation::SiteView>> {
-        let req = meridian_federation::SiteListRequest {
-            v: WIRE_VERSION,
-            state,
-        };
-        self.call(api::LIST_SITES, &req).await
+        let limit = meridian_federation::MAX_PAGE;
+        let mut out: Vec<meridian_federation::SiteView> = Vec::new();
+        loop {
+            let req = meridian_federation::SiteListRequest {
+                v: WIRE_VERSION,
+                state,
+                after: out.last().map(|s| s.site.clone()),
+                limit: Some(limit),
+            };
+            let page: Vec<meridian_federation::SiteView> = self.call(api::LIST_SITES, &req).await?;
+            let last = page.len() < limit as usize;
+            out.extend(page);
+            if last {
+                return Ok(out);
+            }
+        }
     }
 
     pub async fn drain(

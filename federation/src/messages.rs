@@ -1827,8 +1827,9 @@ impl SiteState {
     }
 }
 
-/// List sites, every one or only those in one state (`{"state": "lost"}`: which sites are down, an answer that
-/// stays small in a federation of many sites).
+/// List sites by id, every one or only those in one state (`{"state": "lost"}`: which sites are down), a page at
+/// a time where a federation has more than one answer holds: `limit` sites (at most [`MAX_PAGE`]) after the
+/// site `after`; a page shorter than `limit` is the last.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SiteListRequest {
@@ -1836,6 +1837,12 @@ pub struct SiteListRequest {
     pub v: u32,
     #[serde(default)]
     pub state: Option<SiteState>,
+    /// Only sites whose id sorts after this one.
+    #[serde(default)]
+    pub after: Option<SiteId>,
+    /// At most this many sites (every one without it).
+    #[serde(default)]
+    pub limit: Option<u32>,
 }
 
 impl Default for SiteListRequest {
@@ -1843,6 +1850,8 @@ impl Default for SiteListRequest {
         SiteListRequest {
             v: crate::WIRE_VERSION,
             state: None,
+            after: None,
+            limit: None,
         }
     }
 }

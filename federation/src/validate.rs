@@ -663,6 +663,9 @@ impl Validate for SiteListRequest {
     versioned!(SiteListRequest);
 
     fn validate(&self) -> R {
+        if let Some(l) = self.limit {
+            range_u64("limit", l.into(), 1, MAX_PAGE.into())?;
+        }
         Ok(())
     }
 }

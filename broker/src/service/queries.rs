@@ -23,8 +23,8 @@ pub enum Query {
     /// A job, and whether every site is weighed (`explain --all`).
     Explain(JobId, bool),
     Timeline(JobId),
-    /// Every site, or those in one state.
-    Sites(Option<meridian_federation::SiteState>),
+    /// Sites by id: every one, or a page of them, in one state or any.
+    Sites(meridian_federation::SiteListRequest),
     /// Where the job's latest attempt ran: site and attempt.
     Placement(JobId),
     /// The ledger of the live jobs.
@@ -90,7 +90,7 @@ pub(super) fn answer(
                 .map(|j| views::job_view(j, st.sites(), reactor.rtt())),
         ),
         Query::Explain(id, all) => Answer::Explain(explain(reactor, &id, all)),
-        Query::Sites(state) => Answer::Sites(sites(reactor, state)),
+        Query::Sites(req) => Answer::Sites(sites(reactor, &req)),
         Query::Format => Answer::Format(
             st.format(),
             unreadable.map(|(seq, reason)| (seq, reason.to_owned())),
@@ -188,16 +188,20 @@ fn explain(reactor: &Reactor<BufferJournal>, id: &JobId, all: bool) -> Option<Ex
 
 fn sites(
     reactor: &Reactor<BufferJournal>,
-    state: Option<meridian_federation::SiteState>,
+    req: &meridian_federation::SiteListRequest,
 ) -> Vec<SiteView> {
+    use std::ops::Bound;
     let st = reactor.state();
+    let from = req.after.as_ref().map_or(Bound::Unbounded, Bound::Excluded);
     st.sites()
-        .values()
+        .range::<SiteId, _>((from, Bound::Unbounded))
+        .map(|(_, s)| s)
         .filter(|s| {
-            state.is_none_or(|want| {
+            req.state.is_none_or(|want| {
                 meridian_core::observe::site_state(s, st.revoked_sites()) == want
             })
         })
+        .take(req.limit.map_or(usize::MAX, |l| l as usize))
         .map(|s| {
             let mut v = views::site_view(s);
             v.carbon_history = st.intensity_of(s.id()).to_vec();

@@ -13,9 +13,9 @@ use meridian_federation::{
 
 pub async fn sites(
     h: &BrokerHandle,
-    state: Option<meridian_federation::SiteState>,
+    req: meridian_federation::SiteListRequest,
 ) -> ApiResult<Vec<SiteView>> {
-    match h.query(Query::Sites(state)).await {
+    match h.query(Query::Sites(req)).await {
         Some(Answer::Sites(v)) => Ok(v),
         _ => Err(ApiError::unavailable()),
     }
@@ -32,7 +32,7 @@ pub async fn drain(
         drain,
     };
     h.step_as(who, event).await?;
-    sites(h, None)
+    sites(h, Default::default())
         .await?
         .into_iter()
         .find(|s| s.site == site)

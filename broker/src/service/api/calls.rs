@@ -214,9 +214,9 @@ def!(TIMELINE, "timeline", Access::Read,
     [subject::TIMELINE => |n| plain(job_ref(&n).map(Call::Timeline))],
     "→ `TimelineView`: `events` (`submitted`, `offered`, `started`, `ended`, `waiting`, `finished`, `note`, each with `at_ms`, `attempt`, `site`, `detail`), `attempts` (site, pool, model, devices, run time, metered amounts), the latest placement's best `candidates`, `log_tail` (or `log_error`)");
 def!(LIST_SITES, "list_sites", Access::Read,
-    [Get "/v1/sites" => |r| optional(&query_body(&r, &[])?).map(Call::ListSites)],
+    [Get "/v1/sites" => |r| optional(&query_body(&r, &["limit"])?).map(Call::ListSites)],
     [subject::LIST_SITES => |n| plain(optional(&n.payload).map(Call::ListSites))],
-    "`?state=up|draining|lost|revoked` → `[SiteView]` (every site, or those in that state): each site's pools, state, PUE and grid carbon now, its advertised hourly forecast (`carbon_forecast`, from `carbon_forecast_start_ms`) and the intensities the broker keeps to meter its running work (`carbon_history`, `[from_ms, g]` steps)");
+    "`?state=up|draining|lost|revoked&after=SITE&limit=N` → `[SiteView]` by id (every site, or those in that state; with `limit`, at most N after `after`, a shorter page being the last): each site's pools, state, PUE and grid carbon now, its advertised hourly forecast (`carbon_forecast`, from `carbon_forecast_start_ms`) and the intensities the broker keeps to meter its running work (`carbon_history`, `[from_ms, g]` steps)");
 def!(DRAIN, "drain", Access::Change,
     [Post "/v1/sites/{id}/drain" => |r| {
         let drain = if r.body.is_empty() { true } else { drain_body(&r.body)? };
@@ -452,7 +452,7 @@ pub async fn dispatch(h: &BrokerHandle, who: &Principal, call: Call) -> ApiResul
         Call::Cancel(id) => Reply::json(200, &jobs::cancel(h, who, id).await?),
         Call::Logs { job, lines } => Reply::json(200, &jobs::logs(h, who, job, lines).await?),
         Call::Timeline(id) => Reply::json(200, &jobs::timeline(h, who, id).await?),
-        Call::ListSites(req) => Reply::json(200, &admin::sites(h, req.state).await?),
+        Call::ListSites(req) => Reply::json(200, &admin::sites(h, req).await?),
         Call::Drain { site, drain } => Reply::json(200, &admin::drain(h, who, site, drain).await?),
         Call::ScaleIn(r) => Reply::json(200, &services::scale_in(h, who, r).await?),
         Call::ServiceDeploy(spec) => Reply::json(200, &services::deploy(h, who, spec).await?),

@@ -27,6 +27,15 @@ pub(super) async fn list_sites(x: Harness) {
     x.json(A, Call::Drain { site, drain: true }).await.unwrap();
     assert_eq!(in_state("draining").await, ["site-a"]);
     assert_eq!(in_state("up").await.len(), 1);
+    let page = via_http(&x, A, &calls::LIST_SITES, &[], "after=site-a&limit=1", "")
+        .await
+        .unwrap();
+    assert_eq!(page.as_array().unwrap().len(), 1, "{page}");
+    assert_ne!(page[0]["site"], "site-a", "{page}");
+    let e = via_http(&x, A, &calls::LIST_SITES, &[], "limit=0", "")
+        .await
+        .unwrap_err();
+    assert_eq!(e.field.as_deref(), Some("limit"), "{e:?}");
     let e = via_http(&x, A, &calls::LIST_SITES, &[], "state=gone", "")
         .await
         .unwrap_err();
