@@ -376,11 +376,10 @@ impl Client {
                 limit: Some(limit),
             };
             let page: Vec<meridian_federation::SiteView> = self.call(api::LIST_SITES, &req).await?;
-            let last = page.len() < limit as usize;
-            out.extend(page);
-            if last {
+            if page.is_empty() {
                 return Ok(out);
             }
+            out.extend(page);
         }
     }
 

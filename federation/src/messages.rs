@@ -1828,8 +1828,8 @@ impl SiteState {
 }
 
 /// List sites by id, every one or only those in one state (`{"state": "lost"}`: which sites are down), a page at
-/// a time where a federation has more than one answer holds: `limit` sites (at most [`MAX_PAGE`]) after the
-/// site `after`; a page shorter than `limit` is the last.
+/// a time where a federation has more than one answer holds: at most `limit` sites (at most [`MAX_PAGE`], and
+/// fewer where they would not fit in one message) after the site `after`; an empty page is past the last.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SiteListRequest {

@@ -216,7 +216,7 @@ def!(TIMELINE, "timeline", Access::Read,
 def!(LIST_SITES, "list_sites", Access::Read,
     [Get "/v1/sites" => |r| optional(&query_body(&r, &["limit"])?).map(Call::ListSites)],
     [subject::LIST_SITES => |n| plain(optional(&n.payload).map(Call::ListSites))],
-    "`?state=up|draining|lost|revoked&after=SITE&limit=N` → `[SiteView]` by id (every site, or those in that state; with `limit`, at most N after `after`, a shorter page being the last): each site's pools, state, PUE and grid carbon now, its advertised hourly forecast (`carbon_forecast`, from `carbon_forecast_start_ms`) and the intensities the broker keeps to meter its running work (`carbon_history`, `[from_ms, g]` steps)");
+    "`?state=up|draining|lost|revoked&after=SITE&limit=N` → `[SiteView]` by id (every site, or those in that state; with `limit`, at most N after `after`, fewer where they would not fit in one message; an empty page is past the last): each site's pools, state, PUE and grid carbon now, its advertised hourly forecast (`carbon_forecast`, from `carbon_forecast_start_ms`) and the intensities the broker keeps to meter its running work (`carbon_history`, `[from_ms, g]` steps)");
 def!(DRAIN, "drain", Access::Change,
     [Post "/v1/sites/{id}/drain" => |r| {
         let drain = if r.body.is_empty() { true } else { drain_body(&r.body)? };
