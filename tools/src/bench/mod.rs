@@ -7,6 +7,7 @@
 //! Requests mix 1, 2, 4 and 8 GPUs and milli-shares under all four policies, from users in random cities.
 #![allow(clippy::disallowed_methods)] // a benchmark: reads the clock
 
+pub mod adverts;
 pub mod dispatch;
 pub mod queue;
 
@@ -53,68 +54,7 @@ impl Bench {
         let mut rng = SplitMix64::new(seed);
         let mut sites = BTreeMap::new();
         for i in 0..n_sites {
-            let (_, at) = city(rng.weighted(&CITIES.map(|c| c.1)));
-            let tier = Tier::ALL[(rng.next_u64() % 3) as usize];
-            let pools = (0..1 + rng.next_u64() % 2)
-                .map(|p| {
-                    let (model, mem, watts, price) = MODELS[(rng.next_u64() % 3) as usize];
-                    let count = 8 * (1 + (rng.next_u64() % 8) as u32);
-                    PoolAdvert {
-                        name: format!("p{p}").into(),
-                        kind: AcceleratorKind::Gpu,
-                        vendor: "nvidia".into(),
-                        model: model.into(),
-                        memory_mib: mem,
-                        count,
-                        devices_per_node: 8,
-                        interconnect: Interconnect::Nvlink,
-                        power_watts: watts,
-                        measured_power_watts: None,
-                        sharing: Sharing {
-                            milli: true,
-                            mig_profiles: vec![],
-                        },
-                        price_micro_usd_per_hour: (price * 1e6 * (0.8 + 0.4 * rng.next_f64()))
-                            as u64,
-                        spot_price_micro_usd_per_hour: None,
-                        devices: (0..count)
-                            .map(|index| DeviceState {
-                                index,
-                                healthy: true,
-                                used_milli: if rng.next_f64() < 0.9 { 1000 } else { 0 },
-                            })
-                            .collect(),
-                    }
-                })
-                .collect();
-            let advert = SiteAdvert {
-                v: WIRE_VERSION,
-                site: SiteInfo {
-                    id: SiteId::new(format!("site-{i:05}"))
-                        .unwrap_or_else(|_| unreachable!("valid id")),
-                    kind: SiteKind::Datacenter,
-                    tier,
-                    location: GeoPoint {
-                        lat: (at.lat + rng.next_f64() * 4.0 - 2.0).clamp(-89.0, 89.0),
-                        lon: (at.lon + rng.next_f64() * 4.0 - 2.0).clamp(-179.0, 179.0),
-                    },
-                    region_tags: vec![],
-                    rtt_region: None,
-                    pue: 1.1 + rng.next_f64() * 0.6,
-                    carbon: Carbon {
-                        g_per_kwh: (20.0 + rng.next_f64() * 600.0) as u32,
-                        ..Carbon::default()
-                    },
-                    energy_micro_usd_per_kwh: 0,
-                    egress_micro_usd_per_gb: 90_000,
-                    datasets: vec![],
-                    backend: None,
-                },
-                pools,
-                generation: 1,
-                draining: false,
-                sent_at_ms: 0,
-            };
+            let advert = synthetic_advert(i, &mut rng);
             let site = Site::from_advert(&advert, 0);
             sites.insert(site.id().clone(), site);
         }
@@ -190,6 +130,71 @@ impl Bench {
             0,
         );
         matches!(d.outcome, meridian_core::placement::Outcome::Place(_))
+    }
+}
+
+/// Site `i` of a synthetic federation: one or two pools (A100, H100, L4) of 8-64 devices, each device busy
+/// with probability 0.9, in a random city of the trace's list.
+pub fn synthetic_advert(i: usize, rng: &mut SplitMix64) -> SiteAdvert {
+    let (_, at) = city(rng.weighted(&CITIES.map(|c| c.1)));
+    let tier = Tier::ALL[(rng.next_u64() % 3) as usize];
+    let pools = (0..1 + rng.next_u64() % 2)
+        .map(|p| {
+            let (model, mem, watts, price) = MODELS[(rng.next_u64() % 3) as usize];
+            let count = 8 * (1 + (rng.next_u64() % 8) as u32);
+            PoolAdvert {
+                name: format!("p{p}").into(),
+                kind: AcceleratorKind::Gpu,
+                vendor: "nvidia".into(),
+                model: model.into(),
+                memory_mib: mem,
+                count,
+                devices_per_node: 8,
+                interconnect: Interconnect::Nvlink,
+                power_watts: watts,
+                measured_power_watts: None,
+                sharing: Sharing {
+                    milli: true,
+                    mig_profiles: vec![],
+                },
+                price_micro_usd_per_hour: (price * 1e6 * (0.8 + 0.4 * rng.next_f64())) as u64,
+                spot_price_micro_usd_per_hour: None,
+                devices: (0..count)
+                    .map(|index| DeviceState {
+                        index,
+                        healthy: true,
+                        used_milli: if rng.next_f64() < 0.9 { 1000 } else { 0 },
+                    })
+                    .collect(),
+            }
+        })
+        .collect();
+    SiteAdvert {
+        v: WIRE_VERSION,
+        site: SiteInfo {
+            id: SiteId::new(format!("site-{i:05}")).unwrap_or_else(|_| unreachable!("valid id")),
+            kind: SiteKind::Datacenter,
+            tier,
+            location: GeoPoint {
+                lat: (at.lat + rng.next_f64() * 4.0 - 2.0).clamp(-89.0, 89.0),
+                lon: (at.lon + rng.next_f64() * 4.0 - 2.0).clamp(-179.0, 179.0),
+            },
+            region_tags: vec![],
+            rtt_region: None,
+            pue: 1.1 + rng.next_f64() * 0.6,
+            carbon: Carbon {
+                g_per_kwh: (20.0 + rng.next_f64() * 600.0) as u32,
+                ..Carbon::default()
+            },
+            energy_micro_usd_per_kwh: 0,
+            egress_micro_usd_per_gb: 90_000,
+            datasets: vec![],
+            backend: None,
+        },
+        pools,
+        generation: 1,
+        draining: false,
+        sent_at_ms: 0,
     }
 }
 

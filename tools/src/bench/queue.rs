@@ -87,7 +87,7 @@ pub struct QueueFigures {
     pub recovery_ms_at_deepest: Option<u64>,
 }
 
-fn write_federation(dir: &Path, devices: usize) -> anyhow::Result<std::path::PathBuf> {
+pub(super) fn write_federation(dir: &Path, devices: usize) -> anyhow::Result<std::path::PathBuf> {
     let site = format!(
         "id = \"full\"\nkind = \"datacenter\"\ntier = \"owned\"\nlatitude = 45.6\nlongitude = -121.2\n\
          pue = 1.2\ncarbon_g_per_kwh = 80\negress_usd_per_gb = 0.05\n\n[[pools]]\nname = \"gpu\"\n\
@@ -117,7 +117,7 @@ fn spec(i: usize) -> anyhow::Result<Bytes> {
 }
 
 /// Resident memory of a process, bytes.
-fn rss(pid: u32) -> u64 {
+pub(super) fn rss(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
@@ -130,7 +130,7 @@ fn rss(pid: u32) -> u64 {
 }
 
 /// CPU time (user + system) of a process, seconds (Linux counts it in 1/100 s).
-fn cpu_s(pid: u32) -> f64 {
+pub(super) fn cpu_s(pid: u32) -> f64 {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
         .and_then(|s| {

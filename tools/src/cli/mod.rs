@@ -276,6 +276,9 @@ pub enum BenchCmd {
     /// wait), completions per second at the deepest queue, memory per waiting job, and memory and recovery
     /// time once every job has finished.
     Queue(bench::queue::QueueOptions),
+    /// The broker's CPU share and memory with many made-up sites sending adverts and heartbeats over a few
+    /// NATS connections, against the same broker before they joined.
+    Adverts(bench::adverts::AdvertsOptions),
     /// Decision latency with the site index, and by a plain scan of every site, over a synthetic federation.
     Placement {
         /// Sites of the synthetic federation.
@@ -391,6 +394,14 @@ async fn run_bench(what: BenchCmd, out: Output) -> anyhow::Result<bool> {
         BenchCmd::Queue(opts) => {
             let f = bench::queue::queue(opts).await?;
             outln!("{}", serde_json::to_string(&f)?);
+            Ok(true)
+        }
+        BenchCmd::Adverts(opts) => {
+            let f = bench::adverts::adverts(opts).await?;
+            outln!("{}", serde_json::to_string(&f)?);
+            if out == Output::Table {
+                eprintln!("{}", render::adverts_summary(&f));
+            }
             Ok(true)
         }
         BenchCmd::Placement { sites, decisions } => {

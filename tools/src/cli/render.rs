@@ -723,6 +723,16 @@ pub fn dispatch_summary(f: &crate::bench::dispatch::DispatchFigures) -> String {
     s
 }
 
+pub fn adverts_summary(f: &crate::bench::adverts::AdvertsFigures) -> String {
+    format!(
+        "{} sites over {} connections: {:.0} heartbeats/s and {:.0} adverts/s ({:.1} changed/s) cost the broker {:.1}% of a core ({:.1}% before they joined; {:.2} µs a message) and {:.1} MiB ({:.1} MiB before; {:.0} bytes a site); nats-server {:.1}% of a core; joined in {:.1} s; at the end {} sites up, {} lost",
+        f.sites, f.connections, f.heartbeats_per_s, f.adverts_per_s, f.changed_adverts_per_s,
+        f.broker_cpu_share * 100.0, f.broker_cpu_share_idle * 100.0, f.broker_cpu_us_per_message,
+        f.broker_rss_mib, f.broker_rss_mib_idle, f.broker_rss_bytes_per_site, f.nats_cpu_share * 100.0,
+        f.join_s, f.sites_up, f.sites_lost
+    )
+}
+
 pub fn placement_summary(f: &crate::bench::PlacementFigures) -> String {
     format!(
         "{} sites: {:.0} decisions/s, p50 {:.2} µs, p99 {:.2} µs with the index; full scan p50 {:.2} µs, p99 {:.2} µs ({} decisions); {:.0}% placed",
