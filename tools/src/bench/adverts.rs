@@ -217,7 +217,7 @@ async fn run_sites(
                     )
                     .await?;
                 sent.heartbeats.fetch_add(1, Ordering::Relaxed);
-                if (from + j + period) % adverts_every == 0 {
+                if (from + j + period).is_multiple_of(adverts_every) {
                     if rng.next_f64() < opts.changing {
                         s.change(&mut rng);
                         sent.changed.fetch_add(1, Ordering::Relaxed);
