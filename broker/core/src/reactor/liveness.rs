@@ -52,21 +52,50 @@ impl<J: Journal> Reactor<J> {
             && (self.state.dirty || self.state.waiting.timer_due(now));
         retry
             || (self.state.format() < super::JOURNALED_DECISIONS
-                && !self.due_decisions(now).is_empty())
+                && (!self.lost_sites(now).0.is_empty() || !self.due_offers(now).is_empty()))
     }
 
     /// What liveness decides at `now`: sites whose heartbeats stopped for the loss timeout, and offers not
     /// answered within the offer timeout.
-    pub(super) fn due_decisions(&self, now: Millis) -> Vec<Event> {
-        let mut out: Vec<Event> = self
-            .state
-            .sites
-            .values()
-            .filter(|s| s.up && now.saturating_sub(s.last_seen_ms) > self.config.site_lost_after_ms)
-            .map(|s| Event::SiteLost {
-                site: s.id().clone(),
-            })
-            .collect();
+    ///
+    /// The sites are scanned only when one may be due: once the loss timeout has passed since the oldest
+    /// heartbeat of an up site the last scan saw (or any step since, at its own time). With many sites and a
+    /// tick after every batch of messages, a scan per tick would cost each heartbeat a pass over every site.
+    pub(super) fn due_decisions(&mut self, now: Millis) -> Vec<Event> {
+        let timeout = self.config.site_lost_after_ms;
+        let mut out = if self.heard_since > 0 && now.saturating_sub(self.heard_since) <= timeout {
+            Vec::new()
+        } else {
+            let (lost, oldest) = self.lost_sites(now);
+            // Sites found lost are looked at again at the next tick, in case their loss was not applied.
+            self.heard_since = if lost.is_empty() { oldest } else { 0 };
+            lost
+        };
+        out.extend(self.due_offers(now));
+        out
+    }
+
+    /// Every up site whose heartbeats stopped for the loss timeout, and the oldest heartbeat among the others
+    /// (`now` when there are none).
+    fn lost_sites(&self, now: Millis) -> (Vec<Event>, Millis) {
+        let timeout = self.config.site_lost_after_ms;
+        let mut oldest = now;
+        let mut lost = Vec::new();
+        for s in self.state.sites.values().filter(|s| s.up) {
+            if now.saturating_sub(s.last_seen_ms) > timeout {
+                lost.push(Event::SiteLost {
+                    site: s.id().clone(),
+                });
+            } else {
+                oldest = oldest.min(s.last_seen_ms);
+            }
+        }
+        (lost, oldest)
+    }
+
+    /// Offers not answered within the offer timeout.
+    fn due_offers(&self, now: Millis) -> Vec<Event> {
+        let mut out = Vec::new();
         out.extend(
             self.state
                 .offered

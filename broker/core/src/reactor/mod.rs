@@ -99,6 +99,10 @@ pub struct Reactor<J: Journal> {
     /// worked out in it (see [`aside`]).
     in_pass: bool,
     pass_print: Option<u64>,
+    /// Liveness (not state): no up site was last heard from before this (0: unknown, scan). Every step lowers
+    /// it to its own time, at which any site it hears from is seen, so until this plus the loss timeout no site
+    /// can be lost and a tick need not look at every site (see `due_decisions`).
+    heard_since: Millis,
 }
 
 impl<J: Journal> Reactor<J> {
@@ -120,6 +124,7 @@ impl<J: Journal> Reactor<J> {
             observations: None,
             in_pass: false,
             pass_print: None,
+            heard_since: 0,
         }
     }
 
@@ -207,6 +212,7 @@ impl<J: Journal> Reactor<J> {
     /// Applies one event at time `now`.
     pub fn step(&mut self, now: Millis, event: Event) -> Result<Response, StepError> {
         self.check(now, &event)?;
+        self.heard_since = self.heard_since.min(now);
         if self.state.format() >= JOURNALED_DECISIONS {
             // What liveness decides is journaled as decisions of their own, before the event.
             let decisions = match &event {

@@ -638,3 +638,61 @@ fn a_service_is_kept_through_a_snapshot_and_deleting_it_stops_its_replicas() {
         .unwrap_err();
     assert!(e.to_string().contains("slo_ms"), "{e}");
 }
+
+/// Lost sites are found at exactly the ticks a scan of every site would find them, though a tick scans only
+/// once one may be due: random heartbeats, ticks, re-adverts of lost sites and a clock that sometimes steps
+/// back, against a model of each site's last heartbeat.
+#[test]
+fn lost_sites_are_found_at_the_tick_a_full_scan_would_find_them() {
+    let timeout = crate::reactor::CoreConfig::default().site_lost_after_ms;
+    let ids: Vec<String> = (0..12).map(|i| format!("s{i:02}")).collect();
+    let advert = |id: &str| {
+        site(id, Tier::Owned, 50.0, 8.0)
+            .gpus("A100", 4, 2.0)
+            .build()
+    };
+    let mut env = TestEnv::new(ids.iter().map(|id| advert(id)).collect());
+    // (up, last seen) as a full scan sees them.
+    let mut model: Vec<(bool, u64)> = vec![(true, env.now); ids.len()];
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut lost_seen = 0;
+    for _ in 0..5_000 {
+        let r = next();
+        let i = (r >> 8) as usize % ids.len();
+        match r % 10 {
+            0..=4 => {
+                env.heartbeat(&ids[i]);
+                if model[i].0 {
+                    model[i].1 = env.now;
+                }
+            }
+            5 => {
+                if !model[i].0 {
+                    env.step(Event::Advert(advert(&ids[i])));
+                    model[i] = (true, env.now);
+                }
+            }
+            6 => env.now = env.now.saturating_sub(next() % timeout),
+            _ => {
+                env.advance(next() % (timeout / 2));
+                for m in model.iter_mut() {
+                    if m.0 && env.now.saturating_sub(m.1) > timeout {
+                        m.0 = false;
+                        lost_seen += 1;
+                    }
+                }
+            }
+        }
+        for (id, m) in ids.iter().zip(&model) {
+            let s = &env.reactor.state().sites()[&SiteId::new(id.as_str()).unwrap()];
+            assert_eq!(s.up, m.0, "site {id} at {}", env.now);
+        }
+    }
+    assert!(lost_seen > 50, "the run lost sites {lost_seen} times");
+}
