@@ -101,6 +101,17 @@ fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<(T, Vec<String>), WireErro
             limit: MAX_STRING_BYTES,
         });
     }
+    // Most messages are well formed: read without tracking the path, and read again with it to say where
+    // one is not.
+    let mut unknown = Vec::new();
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let mut note = |path: serde_ignored::Path<'_>| unknown.push(ignored_path(&path));
+    let fast: Result<T, _> = T::deserialize(serde_ignored::Deserializer::new(&mut de, &mut note));
+    if let Ok(value) = fast {
+        if de.end().is_ok() {
+            return Ok((value, unknown));
+        }
+    }
     let mut unknown = Vec::new();
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let mut note = |path: serde_ignored::Path<'_>| unknown.push(ignored_path(&path));
