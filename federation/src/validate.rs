@@ -173,20 +173,26 @@ impl Validate for SiteAdvert {
                     format!("lists {} devices but count is {}", p.devices.len(), p.count),
                 );
             }
-            let mut seen = BTreeSet::new();
+            // Checked before any field's path is written out: an advert's devices are its bulk.
+            let mut seen = vec![false; p.devices.len()];
             for (j, d) in p.devices.iter().enumerate() {
-                if d.index >= p.count || !seen.insert(d.index) {
+                let fresh = seen
+                    .get_mut(d.index as usize)
+                    .is_some_and(|s| !std::mem::replace(s, true));
+                if !fresh {
                     return bad(
                         format!("pools[{i}].devices[{j}].index"),
                         format!("{} is out of range or repeated", d.index),
                     );
                 }
-                range_u64(
-                    &format!("pools[{i}].devices[{j}].used_milli"),
-                    d.used_milli.into(),
-                    0,
-                    1000,
-                )?;
+                if d.used_milli > 1000 {
+                    range_u64(
+                        &format!("pools[{i}].devices[{j}].used_milli"),
+                        d.used_milli.into(),
+                        0,
+                        1000,
+                    )?;
+                }
             }
         }
         Ok(())

@@ -331,6 +331,14 @@ fn advert_inconsistencies_are_rejected() {
         Some("pools[0].devices[1].used_milli")
     );
     assert_eq!(
+        advert_error(|v| v["pools"][0]["devices"][1]["index"] = json!(0)).field(),
+        Some("pools[0].devices[1].index")
+    );
+    assert_eq!(
+        advert_error(|v| v["pools"][0]["devices"][0]["index"] = json!(2)).field(),
+        Some("pools[0].devices[0].index")
+    );
+    assert_eq!(
         advert_error(|v| v["pools"] = json!([])).field(),
         Some("pools")
     );

@@ -18,13 +18,15 @@ pub(super) async fn spawn_site_listener(
                 continue;
             };
             // Answers go only into the site's own inbox.
-            let to = reply::inbox(
-                &h,
-                site.as_str(),
-                &format!("site:{site}"),
-                topic.as_str(),
-                m.reply.as_ref().map(|r| r.as_str()),
-            );
+            let to = m.reply.as_ref().and_then(|r| {
+                reply::inbox(
+                    &h,
+                    site.as_str(),
+                    &format!("site:{site}"),
+                    topic.as_str(),
+                    Some(r.as_str()),
+                )
+            });
             if let Err(wait) = h.auth.admit_site(site.as_str()) {
                 refuse(&h, &site, topic.as_str(), "rate limited").await;
                 let slow = auth::slow_down(wait, &format!("site {site}"));
