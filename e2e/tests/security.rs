@@ -94,6 +94,10 @@ fn a_sites_credential_speaks_only_for_that_site() {
             ("meridian.v1.site.site-b.status", status("site-b")),
             ("meridian.v1.site.made-up.advert", fake_advert.to_string()),
             ("meridian.v1.site.site-b.offer", "{}".into()),
+            (
+                "meridian.v1.site.site-b.hello",
+                json!({"v": 1, "sent_at_ms": 1}).to_string(),
+            ),
             ("$JS.API.STREAM.INFO.MERIDIAN_JOURNAL", String::new()),
             ("meridian.v1.journal", "garbage".into()),
         ] {
@@ -123,6 +127,7 @@ fn a_sites_credential_speaks_only_for_that_site() {
         "meridian.v1.site.site-b.status",
         "meridian.v1.site.made-up.advert",
         "meridian.v1.site.site-b.offer",
+        "meridian.v1.site.site-b.hello",
         "meridian.v1.journal",
     ] {
         assert!(
@@ -172,6 +177,33 @@ fn a_sites_credential_speaks_only_for_that_site() {
         .map(|s| (s["pools"].clone(), s["generation"].clone(), s["up"].clone()))
         .collect();
     assert_eq!(b_before, b_after);
+
+    // The broker alone may ask a site for its advert (what it does when a heartbeat names a generation it has
+    // no advert of): site A answers the broker's ask on its own subject with its advert.
+    rt.block_on(async {
+        use futures::StreamExt;
+        let broker = f.nats_as("broker-1").await;
+        let mut adverts = broker
+            .subscribe("meridian.v1.site.site-a.advert")
+            .await
+            .unwrap();
+        broker.flush().await.unwrap();
+        // Twice, each answered within seconds: the periodic advert (a minute apart) cannot answer both.
+        for _ in 0..2 {
+            let ask = json!({"v": 1, "sent_at_ms": 1}).to_string();
+            broker
+                .publish("meridian.v1.site.site-a.hello", ask.into_bytes().into())
+                .await
+                .unwrap();
+            broker.flush().await.unwrap();
+            let advert = tokio::time::timeout(Duration::from_secs(5), adverts.next())
+                .await
+                .expect("site-a answers the ask with its advert")
+                .unwrap();
+            let advert: Value = serde_json::from_slice(&advert.payload).unwrap();
+            assert_eq!(advert["site"]["id"], "site-a", "{advert}");
+        }
+    });
 
     // No credential: no connection. A credential without its TLS: no connection.
     rt.block_on(async {

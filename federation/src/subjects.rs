@@ -29,10 +29,13 @@ pub enum SiteTopic {
     Inventory,
     /// Agent → broker: [`crate::SiteMetrics`].
     Metrics,
+    /// Broker → one agent: [`crate::BrokerHello`], "send me your advert now" (a heartbeat named a generation
+    /// the broker has no advert of).
+    Hello,
 }
 
 impl SiteTopic {
-    pub const ALL: [SiteTopic; 8] = [
+    pub const ALL: [SiteTopic; 9] = [
         SiteTopic::Advert,
         SiteTopic::Heartbeat,
         SiteTopic::Status,
@@ -41,6 +44,7 @@ impl SiteTopic {
         SiteTopic::Logs,
         SiteTopic::Inventory,
         SiteTopic::Metrics,
+        SiteTopic::Hello,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -53,6 +57,7 @@ impl SiteTopic {
             SiteTopic::Logs => "logs",
             SiteTopic::Inventory => "inventory",
             SiteTopic::Metrics => "metrics",
+            SiteTopic::Hello => "hello",
         }
     }
 }

@@ -98,6 +98,8 @@ struct Agent {
     /// Use changed since the last advert: the next reap tick (every 100 ms) sends one, so a burst of starts
     /// costs one advert, not one each.
     advert_due: bool,
+    /// The generation of the last advert sent.
+    advertised: u64,
     /// Spans of the attempts run here, when an OTLP endpoint is configured.
     telemetry: Option<meridian_runtime::telemetry::Telemetry>,
     /// The latest device report, for the agent's own `/metrics` (when it serves one).
@@ -250,6 +252,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
             .map(|p| opts.work_dir.join(p)),
         carbon_file_error: None,
         advert_due: false,
+        advertised: 0,
         telemetry: meridian_runtime::telemetry::Telemetry::from_env("meridian-agent")
             .map_err(anyhow::Error::msg)?,
         report: Arc::new(Mutex::new(None)),
@@ -274,6 +277,9 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
         .subscribe(subjects::site(&id, SiteTopic::Logs))
         .await?;
     let mut hellos = client.subscribe(subjects::BROKER_HELLO).await?;
+    let mut asks = client
+        .subscribe(subjects::site(&id, SiteTopic::Hello))
+        .await?;
     let mut inventory_asks = client
         .subscribe(subjects::site(&id, SiteTopic::Inventory))
         .await?;
@@ -319,10 +325,17 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
                     agent.publish_advert().await;
                 }
             }
+            Some(m) = asks.next() => {
+                if decode::<BrokerHello>(&m.payload).is_ok() {
+                    agent.publish_advert().await;
+                }
+            }
             _ = heartbeat.tick() => {
                 agent.report_checkpoints();
                 agent.follow_site_capacity();
-                if agent.follow_grid_feed() {
+                // Whatever changed the advert since the last one sent (a new generation) goes out before the
+                // heartbeat that names it.
+                if agent.follow_grid_feed() || agent.core.generation != agent.advertised {
                     agent.publish_advert().await;
                 }
                 agent.publish_heartbeat().await
@@ -570,6 +583,7 @@ impl Agent {
     async fn publish_advert(&mut self) {
         self.advert_due = false;
         let a = self.core.advert(now_ms());
+        self.advertised = a.generation;
         self.publish(subjects::site(&a.site.id, SiteTopic::Advert), encode(&a))
             .await;
     }

@@ -116,6 +116,9 @@ pub struct Site {
     /// When its whole inventory was last asked for (liveness, not journaled).
     #[serde(skip)]
     pub inventory_asked_ms: Millis,
+    /// When its advert was last asked for (liveness, not journaled).
+    #[serde(skip)]
+    pub advert_asked_ms: Millis,
     /// Drain asked by the site itself in its advert.
     pub advert_draining: bool,
     /// Drain asked through the API.
@@ -158,6 +161,7 @@ impl Site {
             last_seen_ms: now,
             up: true,
             inventory_asked_ms: 0,
+            advert_asked_ms: 0,
             advert_draining: a.draining,
             api_draining: false,
             facts: FactsPrint::default(),

@@ -40,6 +40,7 @@ pub fn permissions(kind: Kind, name: &str, brokers: &[&str]) -> Permissions {
                 all_sites(SiteTopic::Cancel),
                 all_sites(SiteTopic::Logs),
                 all_sites(SiteTopic::Inventory),
+                all_sites(SiteTopic::Hello),
                 subjects::BROKER_HELLO.to_owned(),
             ]
             .into(),
@@ -94,6 +95,7 @@ pub fn permissions(kind: Kind, name: &str, brokers: &[&str]) -> Permissions {
                     s(SiteTopic::Cancel),
                     s(SiteTopic::Logs),
                     s(SiteTopic::Inventory),
+                    s(SiteTopic::Hello),
                     subjects::BROKER_HELLO.into(),
                     format!("{}.>", inbox_prefix(name)),
                 ],

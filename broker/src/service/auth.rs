@@ -12,7 +12,7 @@
 //! NATS identity (HTTP's together, as `anonymous`), so a credential without a token cannot keep the broker busy refusing.
 
 use meridian_core::access::{Principal, TokenRecord};
-use meridian_federation::{ErrorBody, ErrorCode};
+use meridian_federation::{ErrorBody, ErrorCode, SiteId};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::num::NonZeroU32;
@@ -25,7 +25,9 @@ pub const TOKEN_PREFIX: &str = "mrd_";
 /// The API tokens the broker knows, as the reactor last published them.
 pub type Tokens = Arc<BTreeMap<String, TokenRecord>>;
 
-type Limiter = governor::DefaultKeyedRateLimiter<String>;
+/// A rate limiter per key: a tenant or identity's name, or a site (keyed by its id as it came, so that a
+/// site's message is admitted without a copy of its name).
+type Limiter<K = String> = governor::DefaultKeyedRateLimiter<K>;
 
 /// Authentication and rate limits, shared by the API front ends.
 pub struct Auth {
@@ -35,7 +37,7 @@ pub struct Auth {
     admin: Option<[u8; 32]>,
     tokens: tokio::sync::watch::Receiver<Tokens>,
     tenants: Option<Limiter>,
-    sites: Option<Limiter>,
+    sites: Option<Limiter<SiteId>>,
     /// Calls that failed authentication, per NATS identity (HTTP's together, as `anonymous`): a flood of them is answered
     /// "slow down" before any token is looked at.
     strangers: Option<Limiter>,
@@ -48,7 +50,7 @@ pub struct Rate {
     pub burst: u32,
 }
 
-fn limiter(rate: Rate) -> Option<Limiter> {
+fn limiter<K: Clone + Eq + std::hash::Hash>(rate: Rate) -> Option<Limiter<K>> {
     let per_s = NonZeroU32::new(rate.per_s)?;
     let burst = NonZeroU32::new(rate.burst.max(rate.per_s)).unwrap_or(per_s);
     Some(governor::RateLimiter::keyed(
@@ -153,24 +155,27 @@ impl Auth {
             .tenant
             .as_ref()
             .map_or_else(|| who.id.clone(), |t| t.to_string());
-        check(self.tenants.as_ref(), key)
+        check(self.tenants.as_ref(), &key)
     }
 
     /// Whether a call from `identity` (`nats:<identity>`, or `anonymous` over HTTP) that failed authentication is answered
     /// now; else how long to wait, ms.
     pub fn admit_stranger(&self, identity: &str) -> Result<(), u64> {
-        check(self.strangers.as_ref(), identity.to_owned())
+        check(self.strangers.as_ref(), &identity.to_owned())
     }
 
     /// Whether a site's message is taken now; else how long it should wait, ms.
-    pub fn admit_site(&self, site: &str) -> Result<(), u64> {
-        check(self.sites.as_ref(), site.to_owned())
+    pub fn admit_site(&self, site: &SiteId) -> Result<(), u64> {
+        check(self.sites.as_ref(), site)
     }
 }
 
-fn check(limiter: Option<&Limiter>, key: String) -> Result<(), u64> {
+fn check<K: Clone + Eq + std::hash::Hash>(
+    limiter: Option<&Limiter<K>>,
+    key: &K,
+) -> Result<(), u64> {
     let Some(l) = limiter else { return Ok(()) };
-    l.check_key(&key).map_err(|not_until| {
+    l.check_key(key).map_err(|not_until| {
         let wait = not_until.wait_time_from(governor::clock::Clock::now(
             &governor::clock::DefaultClock::default(),
         ));
@@ -280,7 +285,11 @@ mod tests {
         assert!(wait > 0 && wait <= 1000, "{wait}");
         let admin = Principal::administrator("admin");
         assert!((0..100).all(|_| a.admit(&admin).is_ok()));
-        assert!(a.admit_site("s").is_ok(), "site limits off");
+        assert!(
+            a.admit_site(&SiteId::new("s").unwrap_or_else(|e| panic!("{e}")))
+                .is_ok(),
+            "site limits off"
+        );
     }
 
     #[test]

@@ -349,10 +349,11 @@ impl JetStreamJournal {
     }
 
     /// Whether enough records were stored since the last snapshot that another is due: at least
-    /// `snapshot_every`, and at least twice the number of jobs in a snapshot (`jobs`), so that the cost of
-    /// snapshots, which grows with the state, stays a constant share of the cost of appending.
-    pub fn snapshot_due(&self, jobs: usize) -> bool {
-        self.since_snapshot >= self.snapshot_every.max(2 * jobs as u64)
+    /// `snapshot_every`, and at least twice the number of jobs and sites in a snapshot (`held`), so that the
+    /// cost of snapshots, which grows with the state, stays a constant share of the cost of appending (a
+    /// federation of 100,000 sites joining is not snapshotted five times over).
+    pub fn snapshot_due(&self, held: usize) -> bool {
+        self.since_snapshot >= self.snapshot_every.max(2 * held as u64)
     }
 
     /// Hands a snapshot (taken right after a store, so it includes everything up to [`Self::last_seq`]) to the

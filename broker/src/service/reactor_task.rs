@@ -260,7 +260,11 @@ impl Task {
                 tracing::error!("resume failed: {e}");
             }
         }
-        if self.journal.snapshot_due(self.reactor.state().jobs().len()) {
+        let state = self.reactor.state();
+        if self
+            .journal
+            .snapshot_due(state.jobs().len() + state.sites().len())
+        {
             let snapshot = self.reactor.state().snapshot(self.journal.last_seq(), now);
             self.journal.save_snapshot(&snapshot);
         }
@@ -549,6 +553,18 @@ pub(super) fn send(handle: &BrokerHandle, command: Command, offer_timeout: Durat
                         Err(e) => tracing::warn!("site {site} sent an unreadable inventory: {e}"),
                     },
                     _ => tracing::debug!("site {site} did not answer for its inventory"),
+                }
+            }
+            Command::AskAdvert { site } => {
+                let Ok(body) = encode(&meridian_federation::BrokerHello {
+                    v: WIRE_VERSION,
+                    sent_at_ms: super::now_ms(),
+                }) else {
+                    return;
+                };
+                let subject = subjects::site(&site, SiteTopic::Hello);
+                if let Err(e) = h.client.publish(subject, Bytes::from(body)).await {
+                    tracing::debug!("could not ask site {site} for its advert: {e}");
                 }
             }
             Command::Cancel { site, cancel } => send_cancel(&h.client, &site, &cancel).await,

@@ -27,7 +27,7 @@ pub(super) async fn spawn_site_listener(
                     Some(r.as_str()),
                 )
             });
-            if let Err(wait) = h.auth.admit_site(site.as_str()) {
+            if let Err(wait) = h.auth.admit_site(&site) {
                 refuse(&h, &site, topic.as_str(), "rate limited").await;
                 let slow = auth::slow_down(wait, &format!("site {site}"));
                 answer_error(&h.client, to.as_ref(), slow).await;

@@ -122,7 +122,8 @@ pub struct AgentSettings {
     pub work_dir: Option<PathBuf>,
     /// Heartbeat period, ms.
     pub heartbeat_ms: u64,
-    /// Period of adverts sent even when nothing changed, ms.
+    /// Period of adverts sent even when nothing changed, ms. A change is advertised at once (at the latest with
+    /// the next heartbeat, which names the advert's generation: a broker that missed it asks for it).
     pub advert_interval_ms: u64,
     /// Time a cancelled job gets between SIGTERM and SIGKILL, ms.
     pub grace_ms: u64,
@@ -168,7 +169,7 @@ impl Default for AgentSettings {
             creds: None,
             work_dir: None,
             heartbeat_ms: 1000,
-            advert_interval_ms: 10_000,
+            advert_interval_ms: 60_000,
             grace_ms: 3000,
             readopt_ms: 8_000,
             nvml: NvmlMode::Auto,

@@ -4,8 +4,9 @@
 //! process, permissions), with one real agent on the no-op executor. Then `sites` made-up sites (the synthetic
 //! sites of `bench placement`: one or two GPU pools of 8-64 devices each) join through a few NATS connections,
 //! as the leaf node of an edge region carries many sites over one link: each sends its advert, then a heartbeat
-//! every `heartbeat_ms` and its advert again every `advert_ms` (an agent's defaults), a share `changing` of
-//! those adverts with a device taken or freed (a new generation, which the broker journals). The broker's CPU
+//! every `heartbeat_ms` and its advert again every `advert_ms` (an agent's defaults); each heartbeat period a
+//! share `changing` of the sites take or free a device and advertise it at once, as an agent does (a new
+//! generation, which the broker journals). The broker's CPU
 //! share (user + system over wall time, from /proc) and resident memory are read over a window of `seconds`,
 //! and in the same run, as the baseline, over the same window before the made-up sites joined. nats-server's
 //! share is printed beside it.
@@ -45,11 +46,12 @@ pub struct AdvertsOptions {
     /// Each site's heartbeat period, ms.
     #[arg(long, default_value_t = 1_000)]
     pub heartbeat_ms: u64,
-    /// Each site's advert period, ms (a multiple of the heartbeat period).
-    #[arg(long, default_value_t = 10_000)]
+    /// Each site's period of full adverts sent even when nothing changed, ms (a multiple of the heartbeat
+    /// period; an agent's default).
+    #[arg(long, default_value_t = 60_000)]
     pub advert_ms: u64,
-    /// Share of the periodic adverts in which a device was taken or freed.
-    #[arg(long, default_value_t = 0.01)]
+    /// Share of the sites that take or free a device in each heartbeat period, and advertise it at once.
+    #[arg(long, default_value_t = 0.001)]
     pub changing: f64,
     /// NATS connections the made-up sites share.
     #[arg(long, default_value_t = 4)]
@@ -176,7 +178,8 @@ fn now_ms() -> u64 {
 }
 
 /// Sends one connection's sites: their adverts at once, then each period a heartbeat from every site (spread
-/// over the period in 20 steps) and, from one site in `adverts_every` each period, its advert.
+/// over the period in 20 steps), each after its advert where the site changed or, one site in `adverts_every`
+/// each period, its full advert is due.
 async fn run_sites(
     client: async_nats::Client,
     mut sites: Vec<Made>,
@@ -209,19 +212,12 @@ async fn run_sites(
             let from = (step * per_step).min(sites.len());
             let to = ((step + 1) * per_step).min(sites.len());
             for (j, s) in sites[from..to].iter_mut().enumerate() {
-                let heartbeat = s.heartbeat_body(now)?;
-                client
-                    .publish(
-                        subjects::site(&s.advert.site.id, SiteTopic::Heartbeat),
-                        heartbeat,
-                    )
-                    .await?;
-                sent.heartbeats.fetch_add(1, Ordering::Relaxed);
-                if (from + j + period).is_multiple_of(adverts_every) {
-                    if rng.next_f64() < opts.changing {
-                        s.change(&mut rng);
-                        sent.changed.fetch_add(1, Ordering::Relaxed);
-                    }
+                let changed = rng.next_f64() < opts.changing;
+                if changed {
+                    s.change(&mut rng);
+                    sent.changed.fetch_add(1, Ordering::Relaxed);
+                }
+                if changed || (from + j + period).is_multiple_of(adverts_every) {
                     client
                         .publish(
                             subjects::site(&s.advert.site.id, SiteTopic::Advert),
@@ -230,6 +226,14 @@ async fn run_sites(
                         .await?;
                     sent.adverts.fetch_add(1, Ordering::Relaxed);
                 }
+                let heartbeat = s.heartbeat_body(now)?;
+                client
+                    .publish(
+                        subjects::site(&s.advert.site.id, SiteTopic::Heartbeat),
+                        heartbeat,
+                    )
+                    .await?;
+                sent.heartbeats.fetch_add(1, Ordering::Relaxed);
             }
         }
         period += 1;

@@ -291,8 +291,8 @@ impl Sim<'_> {
                         self.stop(now, &site, &cancel.job, cancel.attempt)?;
                         continue;
                     }
-                    // The simulated agents send no inventories.
-                    Command::AskInventory { .. } => continue,
+                    // The simulated agents send no inventories, and lose no adverts.
+                    Command::AskInventory { .. } | Command::AskAdvert { .. } => continue,
                 };
                 let Some(agent) = self.agents.get_mut(&offer.site) else {
                     continue;

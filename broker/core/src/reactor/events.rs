@@ -122,6 +122,11 @@ pub enum Command {
     AskInventory {
         site: SiteId,
     },
+    /// Ask the site's agent for its advert: a heartbeat named a generation the broker holds no advert of (an
+    /// advert was lost on the way); the answer comes back as an advert.
+    AskAdvert {
+        site: SiteId,
+    },
 }
 
 /// What a step answers.

@@ -189,6 +189,16 @@ impl<J: Journal> Reactor<J> {
             return;
         }
         site.last_seen_ms = now;
+        // Adverts are sent when something changed (and in full now and then): a heartbeat of another generation
+        // than the broker's means one was lost on the way, and the site is asked for it.
+        if h.generation != site.generation
+            && now.saturating_sub(site.advert_asked_ms) >= super::reconcile::ASK_EVERY_MS
+        {
+            site.advert_asked_ms = now;
+            self.outbox.push(Command::AskAdvert {
+                site: h.site.clone(),
+            });
+        }
         // Attempts the site runs that the broker no longer assigns there are stopped.
         for AttemptRef { job, attempt } in h.running {
             if !self.is_current(&job, attempt, &h.site) {

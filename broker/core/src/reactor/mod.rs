@@ -49,6 +49,7 @@ use meridian_federation::{JobId, JobPhase, SiteId};
 
 pub use fairness::FAIR_SHARE_WINDOW_MS;
 pub use history::{spec_digest, DAY_MS, IDEMPOTENCY_WINDOW_MS};
+pub use reconcile::ASK_EVERY_MS;
 pub use state::{ArchivedKey, RecentRun};
 
 /// Timings of the core, in milliseconds.

@@ -696,3 +696,48 @@ fn lost_sites_are_found_at_the_tick_a_full_scan_would_find_them() {
     }
     assert!(lost_seen > 50, "the run lost sites {lost_seen} times");
 }
+
+/// Adverts are sent on change: a heartbeat naming a generation the broker holds no advert of means that one
+/// was lost, and the site is asked for it, at most every few seconds however many heartbeats say so; once the
+/// advert is in, nothing more is asked.
+#[test]
+fn a_heartbeat_of_an_unknown_generation_asks_the_site_for_its_advert() {
+    let mut env = TestEnv::new(trio());
+    let asked = |env: &TestEnv| {
+        env.sent
+            .iter()
+            .filter(|c| matches!(c, Command::AskAdvert { site } if site.as_str() == "a-cheap"))
+            .count()
+    };
+    let beat = |env: &mut TestEnv, generation: u64| {
+        env.step(Event::Heartbeat(Heartbeat {
+            v: 1,
+            site: SiteId::new("a-cheap").unwrap(),
+            seq: 0,
+            sent_at_ms: env.now,
+            generation,
+            running: vec![],
+            inventory: None,
+        }));
+    };
+    beat(&mut env, 1);
+    assert_eq!(asked(&env), 0, "the generation it holds: nothing to ask");
+    beat(&mut env, 2);
+    assert_eq!(asked(&env), 1);
+    env.now += 1_000;
+    beat(&mut env, 2);
+    assert_eq!(asked(&env), 1, "asked again only after a while");
+    env.now += crate::reactor::ASK_EVERY_MS;
+    beat(&mut env, 2);
+    assert_eq!(asked(&env), 2);
+    let mut advert = trio().remove(0);
+    advert.generation = 2;
+    env.step(Event::Advert(advert));
+    env.now += 2 * crate::reactor::ASK_EVERY_MS;
+    beat(&mut env, 2);
+    assert_eq!(asked(&env), 2, "the advert came: nothing more is asked");
+    assert!(env
+        .sent
+        .iter()
+        .all(|c| !matches!(c, Command::AskAdvert { site } if site.as_str() != "a-cheap")));
+}

@@ -84,6 +84,7 @@ impl Run {
                     .running
                     .retain(|o| !(o.job == cancel.job && o.attempt == cancel.attempt)),
                 Command::AskInventory { site } => self.asked.push(site),
+                Command::AskAdvert { .. } => {}
             }
         }
         self.live
