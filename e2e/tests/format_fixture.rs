@@ -2,7 +2,8 @@
 //! jobs that succeed, fail, are cancelled and keep running, an API token created and revoked, a site revoked
 //! and let back in, unpinned jobs under the balanced, carbon-price and cost-premium policies, services deployed
 //! (one with its replica running, one deleted, one on spot capacity), a gateway token, a job that ran across a
-//! change of its site's grid intensity, a kill -9 of the broker and its restart. Run by hand when a format is added (fixtures are
+//! change of its site's grid intensity, a job under a carbon price of 0 (placed as `cost`: the cleaner of two
+//! sites of the same price), a kill -9 of the broker and its restart. Run by hand when a format is added (fixtures are
 //! never regenerated):
 //!   MERIDIAN_FIXTURE_DIR=broker/core/tests/fixtures/format-N \
 //!     cargo test -p meridian-e2e --test format_fixture -- --ignored --nocapture
@@ -41,6 +42,11 @@ fn write_a_journal_fixture_of_the_newest_format() {
                 grid_feed: true,
                 ..SiteSpec::new("site-b", "owned", "H100", 4, 2.0)
             },
+            // As cheap as site-a, on a cleaner grid: where cost's tie-break decides.
+            SiteSpec {
+                carbon: 100,
+                ..SiteSpec::new("site-c", "owned", "A100", 4, 1.0)
+            },
         ],
         &format!("throughput = {:?}", throughput.display().to_string()),
         LocalOptions {
@@ -71,11 +77,16 @@ fn write_a_journal_fixture_of_the_newest_format() {
         ("balanced", json!("balanced")),
         ("carbon-priced", json!({"carbon_price_usd_per_t": 190})),
         ("premium", json!({"max_cost_premium": 0.05})),
+        // Format 9: a carbon price of 0 is cost, so the cleaner of the two cheapest sites.
+        ("zero-priced", json!({"carbon_price_usd_per_t": 0})),
     ] {
         let mut j = job(key, 1, "true");
         j["policy"] = policy;
         let id = f.submit(&j);
         f.wait_phase(&id, "succeeded", LONG);
+        if key == "zero-priced" {
+            assert_eq!(f.job(&id)["site"], "site-c", "{}", f.job(&id));
+        }
     }
     // Services (format 5): one deployed, its replica started by the autoscaler; another deployed and deleted.
     let service = |name: &str| {

@@ -16,7 +16,7 @@ use crate::snapshot::Snapshot;
 use serde::{Deserialize, Serialize};
 
 /// The newest durable format this code knows.
-pub const FORMAT_VERSION: u32 = 8;
+pub const FORMAT_VERSION: u32 = 9;
 
 /// The format of batches and snapshots written before formats were numbered.
 pub const FIRST_FORMAT: u32 = 1;
@@ -144,7 +144,7 @@ mod tests {
 
     #[test]
     fn a_snapshot_of_a_newer_format_is_refused_by_name_whether_or_not_it_decodes() {
-        let fixture = include_str!("../tests/fixtures/format-8/snapshot.json");
+        let fixture = include_str!("../tests/fixtures/format-9/snapshot.json");
         let mut v: serde_json::Value = serde_json::from_str(fixture).unwrap();
         v["format"] = (FORMAT_VERSION + 1).into();
         let decodes = serde_json::to_vec(&v).unwrap();

@@ -339,6 +339,34 @@ fn a_format_8_snapshot_plus_the_batches_after_it_is_the_whole_journal() {
     snapshot_plus_the_batches_after_it_is_the_whole_journal(8);
 }
 
+/// Its journal (the format 8 run, with a third site as cheap as site-a on a cleaner grid and a job under a
+/// carbon price of 0) replays to exactly what its broker reported: that job placed as `cost` places it, on the
+/// cleaner of the two cheapest sites (format 8 took the first of them in site order, site-a).
+#[test]
+fn a_format_9_journal_replays_to_exactly_what_its_broker_reported_with_a_zero_price_as_cost() {
+    let batches = batches(9);
+    assert!(batches.iter().all(|b| b.format == 9));
+    let mut r = reactor(9);
+    r.replay_batches(&batches);
+    r.sanity_check().unwrap();
+    let want: Vec<JobView> = serde_json::from_str(&fixture(9, "jobs.json")).unwrap();
+    let zero = want
+        .iter()
+        .find(|j| j.name.as_deref() == Some("zero-priced"))
+        .expect("the job under a carbon price of 0");
+    assert_eq!(zero.site.as_ref().map(|s| s.as_str()), Some("site-c"));
+    same(
+        &serde_json::to_value(job_views(&r)).unwrap(),
+        &serde_json::to_value(&want).unwrap(),
+        "",
+    );
+}
+
+#[test]
+fn a_format_9_snapshot_plus_the_batches_after_it_is_the_whole_journal() {
+    snapshot_plus_the_batches_after_it_is_the_whole_journal(9);
+}
+
 /// From format 2: the snapshot, restored, plus the batches after it is exactly the state of the whole journal.
 fn snapshot_plus_the_batches_after_it_is_the_whole_journal(format: u32) {
     let batches = batches(format);

@@ -198,7 +198,7 @@ pub(super) fn place_indexed<'a>(
     index: &'a SiteIndex,
 ) -> Option<Decision> {
     let spec = req.spec;
-    let policy = policy_of(spec, req.queue_policy);
+    let policy = super::terms::placed_by(policy_of(spec, req.queue_policy), view.format);
     if req.baseline.is_some()
         || !spec.datasets.is_empty()
         || spec.users.iter().any(|u| u.rtt_region.is_some())

@@ -38,7 +38,8 @@
 //! terms as weighted above), with `cost₀`, `CO2₀` the cheapest candidate's: each term counts as a share of the
 //! job's own cheapest bill and footprint, not by how much it varies across sites (in earlier formats it is the
 //! weighted score, which let carbon, the term that varies most, decide). `{ carbon_price_usd_per_t = P }` chooses
-//! the lowest `cost + P × CO2`; `{ max_cost_premium = F }` is `balanced`'s rule at premium `F` (from durable
+//! the lowest `cost + P × CO2` (at `P = 0`, from durable format 9, exactly `cost`: its tie-breaks, no
+//! deferral); `{ max_cost_premium = F }` is `balanced`'s rule at premium `F` (from durable
 //! format 7; before, the least carbon within `1 + F` times the cheapest cost). A job without a policy gets
 //! `latency` if it is an inference job, else `balanced`.
 //!
@@ -65,7 +66,7 @@ pub use filters::{fit_now, never_fits};
 pub use terms::user_latency;
 pub use terms::{
     Rule, Spent, Term, Terms, BALANCED_MAX_PREMIUM, BALANCED_MAX_PREMIUM_PER_JOB, KNEE_FORMAT,
-    PREMIUM_KNEE_FORMAT,
+    PREMIUM_KNEE_FORMAT, ZERO_PRICE_FORMAT,
 };
 
 use crate::index::SiteIndex;

@@ -20,11 +20,12 @@ pub(super) fn place_over<'s>(
     sites: impl Iterator<Item = &'s Site>,
 ) -> Decision {
     let spec = req.spec;
-    let policy = policy_of(spec, req.queue_policy);
+    let named = policy_of(spec, req.queue_policy);
+    let policy = super::terms::placed_by(named.clone(), view.format);
     if let Some(at_ms) = spec.window.start_after_ms.filter(|t| *t > now) {
         return Decision {
             at_ms: now,
-            policy: req.baseline.map_or(policy.name(), Baseline::name).into(),
+            policy: req.baseline.map_or(named.name(), Baseline::name).into(),
             weights: weights(&policy),
             outcome: Outcome::Wait(Wait::NotBefore { at_ms }),
             candidates: Vec::new(),
@@ -134,7 +135,7 @@ pub(super) fn place_over<'s>(
         };
         return Decision {
             at_ms: now,
-            policy: req.baseline.map_or(policy.name(), Baseline::name).into(),
+            policy: req.baseline.map_or(named.name(), Baseline::name).into(),
             weights: w,
             outcome: Outcome::Wait(wait),
             candidates,
@@ -223,7 +224,7 @@ pub(super) fn place_over<'s>(
     if let Some(wait) = deferral {
         return Decision {
             at_ms: now,
-            policy: policy.name().into(),
+            policy: named.name().into(),
             weights: w,
             outcome: Outcome::Wait(wait),
             candidates,
@@ -246,7 +247,7 @@ pub(super) fn place_over<'s>(
     };
     Decision {
         at_ms: now,
-        policy: req.baseline.map_or(policy.name(), Baseline::name).into(),
+        policy: req.baseline.map_or(named.name(), Baseline::name).into(),
         weights: w,
         outcome,
         candidates,

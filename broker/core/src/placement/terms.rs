@@ -201,6 +201,20 @@ pub const KNEE_FORMAT: u32 = 4;
 /// have within what is banked. A journal in an earlier format keeps [`Rule::LeastCarbonWithin`].
 pub const PREMIUM_KNEE_FORMAT: u32 = 7;
 
+/// The first durable format in which a carbon price of 0 places exactly as `cost` ([`placed_by`]): the same
+/// rule and tie-breaks, and no deferral for carbon. Before it, `cost + 0 × CO2` alone ranked (the first of equal
+/// costs in site order, not the cleaner) and a job with a deadline waited for a cleaner hour.
+pub const ZERO_PRICE_FORMAT: u32 = 9;
+
+/// The policy a job is placed by under durable format `format`: its own, except that from
+/// [`ZERO_PRICE_FORMAT`] carbon at no price is `cost` (decisions still carry the job's own policy's name).
+pub fn placed_by(policy: Policy, format: u32) -> Policy {
+    match policy {
+        Policy::CarbonPriceUsdPerT(p) if p == 0.0 && format >= ZERO_PRICE_FORMAT => Policy::Cost,
+        p => p,
+    }
+}
+
 /// How a policy chooses among the candidates that can take a job now (in the tier chosen from).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Rule {

@@ -112,6 +112,76 @@ fn a_carbon_price_moves_work_as_the_price_rises() {
     );
 }
 
+/// From format 9 a carbon price of 0 places exactly as `cost`: of two sites of the same money it takes the
+/// cleaner (cost's tie-break), indexed or not, and a job with a deadline does not wait for a cleaner hour. A
+/// journal of format 8 keeps its rule: the first of equal costs in site order, and the deferral.
+#[test]
+fn a_carbon_price_of_zero_places_as_cost_from_format_9() {
+    const H: u64 = 3_600_000;
+    let twins = || {
+        let mut dirty = site("a-dirty", Tier::Owned, 0.0, 0.0)
+            .gpus("A100", 8, 2.0)
+            .carbon(400)
+            .build();
+        // Clean from the third hour on: a deferral would save carbon.
+        dirty.site.carbon.forecast_start_ms = 0;
+        dirty.site.carbon.forecast = vec![400, 400, 400, 50, 50, 50, 50, 50];
+        vec![
+            dirty,
+            site("b-clean", Tier::Owned, 0.0, 0.0)
+                .gpus("A100", 8, 2.0)
+                .carbon(300)
+                .build(),
+        ]
+    };
+    let t = Default::default();
+    let newest = crate::durable::FORMAT_VERSION;
+    for deadline in [None, Some(8 * H)] {
+        let mut spec = job("k", 1);
+        spec.duration_s = Some(3600);
+        spec.window.deadline_ms = deadline;
+        let place = |policy: Policy, format: u32, indexed: bool| {
+            let mut spec = spec.clone();
+            spec.policy = Some(policy);
+            let federation = sites(twins());
+            let mut index = crate::index::SiteIndex::default();
+            for s in federation.values() {
+                index.update(s, &Default::default());
+            }
+            decide_in_format(&federation, &spec, &t, indexed.then_some(&index), 0, format).outcome
+        };
+        for indexed in [false, true] {
+            let cost = place(Policy::Cost, newest, indexed);
+            assert_eq!(chosen_site(&cost), "b-clean", "{deadline:?}");
+            assert_eq!(
+                place(Policy::CarbonPriceUsdPerT(0.0), newest, indexed),
+                cost
+            );
+        }
+    }
+    let mut spec = job("k", 1);
+    spec.policy = Some(Policy::CarbonPriceUsdPerT(0.0));
+    spec.duration_s = Some(3600);
+    let old = |spec: &JobSpec| {
+        decide_in_format(
+            &sites(twins()),
+            spec,
+            &t,
+            None,
+            0,
+            crate::placement::ZERO_PRICE_FORMAT - 1,
+        )
+        .outcome
+    };
+    assert_eq!(chosen_site(&old(&spec)), "a-dirty");
+    spec.window.deadline_ms = Some(8 * H);
+    assert!(
+        matches!(old(&spec), Outcome::Wait(Wait::Deferred { .. })),
+        "{:?}",
+        old(&spec)
+    );
+}
+
 #[test]
 fn a_cost_premium_buys_carbon_within_it() {
     let same = |s: &str| (s.to_owned(), s.to_owned());
