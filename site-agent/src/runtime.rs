@@ -276,10 +276,13 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     let mut logs = client
         .subscribe(subjects::site(&id, SiteTopic::Logs))
         .await?;
-    let mut hellos = client.subscribe(subjects::BROKER_HELLO).await?;
-    let mut asks = client
-        .subscribe(subjects::site(&id, SiteTopic::Hello))
-        .await?;
+    // "Send me your advert": to every site after a broker starts, or to this one after a missed advert.
+    let mut hellos = futures::stream::select(
+        client.subscribe(subjects::BROKER_HELLO).await?,
+        client
+            .subscribe(subjects::site(&id, SiteTopic::Hello))
+            .await?,
+    );
     let mut inventory_asks = client
         .subscribe(subjects::site(&id, SiteTopic::Inventory))
         .await?;
@@ -325,17 +328,13 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
                     agent.publish_advert().await;
                 }
             }
-            Some(m) = asks.next() => {
-                if decode::<BrokerHello>(&m.payload).is_ok() {
-                    agent.publish_advert().await;
-                }
-            }
             _ = heartbeat.tick() => {
                 agent.report_checkpoints();
                 agent.follow_site_capacity();
-                // Whatever changed the advert since the last one sent (a new generation) goes out before the
-                // heartbeat that names it.
-                if agent.follow_grid_feed() || agent.core.generation != agent.advertised {
+                agent.follow_grid_feed();
+                // Whatever changed the advert since the last one sent (a new generation: the grid feed, the
+                // site's own scheduler, a start or an end) goes out before the heartbeat that names it.
+                if agent.core.generation != agent.advertised {
                     agent.publish_advert().await;
                 }
                 agent.publish_heartbeat().await
@@ -980,13 +979,12 @@ impl Agent {
         }
     }
 
-    /// Takes what the site's own scheduler reports free, where it schedules work that is not Meridian's: a
-    /// change is advertised at the next reap tick.
-    /// Reads the grid feed; whether the site's carbon changed (to be advertised at once). A feed that cannot be
-    /// read or is not valid leaves the last good value, said once in the log until what is wrong changes.
-    fn follow_grid_feed(&mut self) -> bool {
+    /// Reads the grid feed: a change of the site's carbon is a new generation, advertised before the next
+    /// heartbeat. A feed that cannot be read or is not valid leaves the last good value, said once in the log
+    /// until what is wrong changes.
+    fn follow_grid_feed(&mut self) {
         let Some(path) = &self.carbon_file else {
-            return false;
+            return;
         };
         let read = std::fs::read_to_string(path)
             .map_err(|e| format!("reading {}: {e}", path.display()))
@@ -1005,18 +1003,18 @@ impl Agent {
                         path.display()
                     );
                 }
-                changed
             }
             Err(e) => {
                 if self.carbon_file_error.as_ref() != Some(&e) {
                     tracing::warn!("grid feed ignored, the last good value holds: {e}");
                     self.carbon_file_error = Some(e);
                 }
-                false
             }
         }
     }
 
+    /// Takes what the site's own scheduler reports free, where it schedules work that is not Meridian's: a
+    /// change is advertised at the next reap tick.
     fn follow_site_capacity(&mut self) {
         if let Some(free) = self.backend.free(&self.core.pools) {
             if self.core.site_reports_free(&free) {

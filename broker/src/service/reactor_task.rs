@@ -265,7 +265,7 @@ impl Task {
             .journal
             .snapshot_due(state.jobs().len() + state.sites().len())
         {
-            let snapshot = self.reactor.state().snapshot(self.journal.last_seq(), now);
+            let snapshot = state.snapshot(self.journal.last_seq(), now);
             self.journal.save_snapshot(&snapshot);
         }
         Ok(())
